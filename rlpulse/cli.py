@@ -1,0 +1,135 @@
+"""The ``rlpulse`` command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from rlpulse.broker import DEFAULT_PORT, LocalBroker
+from rlpulse.exceptions import RlpulseError
+
+app = typer.Typer(
+    help="Telemetry and closed-loop control for LLM RL post-training.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+broker_app = typer.Typer(help="A local Apache Kafka broker (KRaft) on 127.0.0.1.", no_args_is_help=True)
+app.add_typer(broker_app, name="broker")
+
+err = Console(stderr=True)
+out = Console()
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(help="Where the broker keeps its state (default: $RLPULSE_HOME/broker)."),
+]
+Bootstrap = Annotated[
+    str | None,
+    typer.Option(help="Kafka bootstrap servers (default: $RLPULSE_BOOTSTRAP or the local broker)."),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(1)
+
+
+@broker_app.command("up")
+def broker_up(
+    port: Annotated[int, typer.Option(help="Client port; the controller uses port + 1.")] = DEFAULT_PORT,
+    state_dir: StateDir = None,
+) -> None:
+    """Start the local broker (or report the running one)."""
+    broker = LocalBroker(state_dir=state_dir, port=port)
+    try:
+        info = broker.up(progress=lambda msg: err.print(f"[dim]{msg}…[/]"))
+    except RlpulseError as exc:
+        raise _fail(str(exc)) from None
+    out.print(f"Kafka {info.kafka_version} is up at [bold]{info.bootstrap}[/] (pid {info.pid})")
+
+
+@broker_app.command("down")
+def broker_down(state_dir: StateDir = None) -> None:
+    """Stop the local broker: SIGTERM, then SIGKILL after 30 s."""
+    stopped = LocalBroker(state_dir=state_dir).down()
+    out.print("Kafka stopped" if stopped else "Kafka was not running")
+
+
+@broker_app.command("status")
+def broker_status(state_dir: StateDir = None) -> None:
+    """Say whether the local broker is up and where; exit 1 if it is down."""
+    broker = LocalBroker(state_dir=state_dir)
+    out.print(broker.status(), highlight=False)
+    if broker.info() is None:
+        raise typer.Exit(1)
+
+
+@app.command()
+def worker(
+    bootstrap: Bootstrap = None,
+    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "rlpulse",
+    rules: Annotated[str, typer.Option(help="A rules file, or a preset name.")] = "seed",
+    partitions: Annotated[int, typer.Option(help="Partitions of the run-keyed topics.")] = 6,
+    grace: Annotated[float, typer.Option(help="Seconds to wait for missing ranks.")] = 30.0,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics.")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="faust's data directory (default: under $RLPULSE_HOME).")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="faust log level.")] = "warning",
+) -> None:
+    """Run a stream worker: step joiner and rule agent."""
+    from rlpulse.broker import default_cache_dir
+    from rlpulse.config import resolve_bootstrap
+    from rlpulse.rules import RulesError
+    from rlpulse.streams.app import run_worker
+    from rlpulse.streams.settings import WorkerSettings
+
+    try:
+        ruleset = _load_rules(rules)
+    except RulesError as exc:
+        raise _fail(str(exc)) from None
+    settings = WorkerSettings(
+        bootstrap_servers=resolve_bootstrap(bootstrap),
+        topic_prefix=prefix,
+        partitions=partitions,
+        grace_s=grace,
+        metrics_port=metrics_port,
+        data_dir=str(data_dir or default_cache_dir() / "worker-data" / prefix),
+    )
+    err.print(
+        f"[dim]worker {settings.group_id}: {len(ruleset.rules)} rules from {rules}, "
+        f"Kafka {settings.bootstrap_servers}[/]"
+    )
+    run_worker(settings, ruleset, loglevel=log_level)
+
+
+@app.command()
+def demo(
+    bootstrap: Bootstrap = None,
+    step_interval: Annotated[float, typer.Option(help="Seconds between training steps.")] = 0.25,
+) -> None:
+    """Run a simulated 8-rank training run through the whole pipeline."""
+    from rlpulse.demo import run_demo
+
+    try:
+        code = run_demo(bootstrap=bootstrap, step_interval_s=step_interval, console=out)
+    except RlpulseError as exc:
+        raise _fail(str(exc)) from None
+    raise typer.Exit(code)
+
+
+def _load_rules(source: str) -> object:
+    from rlpulse.rules import load_preset, load_rules
+
+    path = Path(source)
+    if path.exists():
+        return load_rules(path)
+    return load_preset(source)
+
+
+def main() -> None:
+    """Entry point of the ``rlpulse`` script."""
+    app()

@@ -1,0 +1,242 @@
+"""Read and validate rules files; every problem is reported at once with its position.
+
+The YAML is composed into nodes first so that each problem -- a syntax error, a pydantic
+validation error, a duplicate key or rule id -- points at ``file:line:column`` (1-based)
+of the offending node, and names the rule when its id is known.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, get_args
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from rlpulse.rules.exceptions import PresetNotFoundError, RuleProblem, RulesFileError
+from rlpulse.rules.model import RuleSet
+
+Loc = tuple[int | str, ...]
+
+_PRESET_SUFFIX = ".yaml"
+
+
+def load_rules(path: str | os.PathLike[str]) -> RuleSet:
+    """Read and validate the rules file at ``path``; raises :class:`RulesFileError`."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        problem = RuleProblem(os.fspath(path), 1, 1, None, f"not UTF-8 text: {exc.reason}")
+        raise RulesFileError([problem]) from None
+    return parse_rules(text, os.fspath(path))
+
+
+def list_presets() -> list[str]:
+    """Names of the rule sets shipped in ``rlpulse/rules/presets``."""
+    presets = resources.files("rlpulse.rules").joinpath("presets")
+    return sorted(
+        entry.name.removesuffix(_PRESET_SUFFIX)
+        for entry in presets.iterdir()
+        if entry.name.endswith(_PRESET_SUFFIX)
+    )
+
+
+def load_preset(name: str) -> RuleSet:
+    """Load the shipped rule set ``presets/<name>.yaml`` (``seed``: the two seed rules)."""
+    available = list_presets()
+    if name not in available:
+        raise PresetNotFoundError(name, available)
+    resource = resources.files("rlpulse.rules").joinpath("presets", name + _PRESET_SUFFIX)
+    return parse_rules(resource.read_text(encoding="utf-8"), f"<preset {name}>")
+
+
+def parse_rules(text: str, filename: str = "<string>") -> RuleSet:
+    """Validate the rules file ``text``; problems are reported against ``filename``."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.MarkedYAMLError as exc:
+        raise RulesFileError([_yaml_problem(exc, filename)]) from None
+    finally:
+        loader.dispose()
+    if root is None:
+        problem = RuleProblem(filename, 1, 1, None, "empty file; expected 'version: 1' and 'rules'")
+        raise RulesFileError([problem])
+
+    problems = _duplicate_keys(root, data, filename) + _duplicate_ids(root, data, filename)
+    try:
+        ruleset = RuleSet.model_validate(data)
+    except ValidationError as exc:
+        problems += [
+            _validation_problem(error, root, data, filename)
+            for error in exc.errors(include_url=False)
+            if error["type"] != "duplicate_rule_id"  # reported per rule by _duplicate_ids
+        ]
+    if problems:
+        raise RulesFileError(sorted(problems, key=lambda p: (p.line, p.column)))
+    return ruleset
+
+
+# -- problems --------------------------------------------------------------------------------
+
+
+def _yaml_problem(exc: yaml.MarkedYAMLError, filename: str) -> RuleProblem:
+    mark = exc.problem_mark or exc.context_mark
+    line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+    what = "; ".join(part for part in (exc.context, exc.problem) if part)
+    if exc.context == "while scanning a block scalar":
+        what += " (quote values that start with '>' or '|', e.g. when: \"> 0.5\")"
+    return RuleProblem(filename, line, column, None, f"invalid YAML: {what}")
+
+
+def _validation_problem(
+    error: ErrorDetails, root: yaml.Node, data: Any, filename: str
+) -> RuleProblem:
+    loc: Loc = tuple(error["loc"])
+    kind = error["type"]
+    if kind in ("missing", "extra_forbidden"):
+        parent, key = loc[:-1], loc[-1]
+        if kind == "missing":
+            message = f"missing required key {key!r}"
+        else:
+            message = f"unknown key {key!r}"
+            if (allowed := _allowed_keys(parent)) is not None:
+                message += f"; expected one of: {', '.join(allowed)}"
+        node = _node_at(root, loc, key_node=True)
+        return _problem(filename, node, data, parent, message)
+    if kind == "value_error":
+        message = str(error.get("ctx", {}).get("error", error["msg"]))
+    elif kind in ("too_short", "too_long"):
+        message = error["msg"]
+    else:
+        message = f"{error['msg']}, got {error['input']!r}"
+    return _problem(filename, _node_at(root, loc), data, loc, message)
+
+
+def _problem(filename: str, node: yaml.Node, data: Any, loc: Loc, message: str) -> RuleProblem:
+    """Make a problem at ``node``; the message is prefixed with the path of ``loc``."""
+    rule_id = None
+    path = loc
+    if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
+        rule_id = _rule_id(data, loc[1])
+        path = loc[2:] if rule_id is not None else loc  # no id: say rules[3]
+    prefix = _path_text(path)
+    mark = node.start_mark
+    text = f"{prefix}: {message}" if prefix else message
+    return RuleProblem(filename, mark.line + 1, mark.column + 1, rule_id, text)
+
+
+def _rule_id(data: Any, index: int) -> str | None:
+    try:
+        rule_id = data["rules"][index]["id"]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return rule_id if isinstance(rule_id, str) and rule_id.strip() else None
+
+
+def _path_text(path: Loc) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _duplicate_ids(root: yaml.Node, data: Any, filename: str) -> list[RuleProblem]:
+    rules = data.get("rules") if isinstance(data, dict) else None
+    if not isinstance(rules, list):
+        return []
+    first_line: dict[str, int] = {}
+    problems = []
+    for index, rule in enumerate(rules):
+        rule_id = rule.get("id") if isinstance(rule, dict) else None
+        if not isinstance(rule_id, str):
+            continue
+        node = _node_at(root, ("rules", index, "id"))
+        if rule_id in first_line:
+            message = f"duplicate rule id {rule_id!r} (first defined on line {first_line[rule_id]})"
+            problems.append(_problem(filename, node, data, ("rules", index, "id"), message))
+        else:
+            first_line[rule_id] = node.start_mark.line + 1
+    return problems
+
+
+def _duplicate_keys(root: yaml.Node, data: Any, filename: str) -> list[RuleProblem]:
+    problems = []
+    for loc, node in _walk(root, ()):
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        first_line: dict[str, int] = {}
+        for key_node, _ in node.value:
+            key = str(key_node.value)
+            if key in first_line:
+                message = f"duplicate key {key!r} (first on line {first_line[key]})"
+                problems.append(_problem(filename, key_node, data, loc, message))
+            else:
+                first_line[key] = key_node.start_mark.line + 1
+    return problems
+
+
+# -- navigating nodes and models -------------------------------------------------------------
+
+
+def _walk(node: yaml.Node, loc: Loc) -> Iterator[tuple[Loc, yaml.Node]]:
+    yield loc, node
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            yield from _walk(value_node, (*loc, str(key_node.value)))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            yield from _walk(item, (*loc, index))
+
+
+def _node_at(root: yaml.Node, loc: Sequence[int | str], *, key_node: bool = False) -> yaml.Node:
+    """Find the node at ``loc``, or the deepest one on the way if the rest is not in the file.
+
+    With ``key_node``, a final mapping step stops at the key (for unknown or duplicate keys).
+    """
+    node = root
+    for depth, part in enumerate(loc):
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if str(key.value) == str(part):
+                    last = depth == len(loc) - 1
+                    child = key if key_node and last else value
+        elif (
+            isinstance(node, yaml.SequenceNode)
+            and isinstance(part, int)
+            and 0 <= part < len(node.value)
+        ):
+            child = node.value[part]
+        if child is None:
+            return node
+        node = child
+    return node
+
+
+def _allowed_keys(loc: Loc) -> list[str] | None:
+    """Return the field names of the model validated at ``loc``, if it is one of ours."""
+    model: type[BaseModel] | None = RuleSet
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue  # a list index: the items have the type the list was declared with
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field is not None else None
+    return sorted(model.model_fields) if model is not None else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (model := _model_in(arg)) is not None:
+            return model
+    return None

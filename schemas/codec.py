@@ -1,0 +1,164 @@
+"""Avro single-object encoding for rlpulse records.
+
+Every message on an rlpulse topic is ``0xC3 0x01`` + the 8-byte little-endian
+CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form + the Avro
+binary body. Readers look the writer schema up by fingerprint among every version
+kept in ``schemas/avro/`` and resolve it to the newest version of the same record,
+so data written by an older release stays readable.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, cast
+
+from fastavro import schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+from rlpulse.schemas.exceptions import DecodeError, DecodeFailure, EncodeError
+from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary, TrainerEvent
+
+MAGIC = b"\xc3\x01"
+HEADER_SIZE = len(MAGIC) + 8
+_FILE_NAME = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
+
+RECORD_NAMES = ("TrainerEvent", "StepSummary", "ControlCommand", "CommandAck")
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """One released version of one record schema."""
+
+    name: str
+    version: int
+    parsed: Any
+    fingerprint: bytes
+    path: str
+
+
+class SchemaRegistry:
+    """Every version of every record schema found in a directory of ``Name.vN.avsc`` files."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        root = directory if directory is not None else _packaged_schema_dir()
+        self._by_fingerprint: dict[bytes, SchemaVersion] = {}
+        self._versions: dict[str, dict[int, SchemaVersion]] = {}
+        for path in sorted(root.glob("*.avsc")):
+            match = _FILE_NAME.match(path.name)
+            if match is None:
+                raise ValueError(f"{path}: schema files are named <Record>.v<N>.avsc")
+            parsed = parse_schema(json.loads(path.read_text()), _write_hint=False)
+            canonical = to_parsing_canonical_form(parsed)
+            version = SchemaVersion(
+                name=match["name"],
+                version=int(match["version"]),
+                parsed=parsed,
+                fingerprint=bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")),
+                path=str(path),
+            )
+            self._by_fingerprint[version.fingerprint] = version
+            self._versions.setdefault(version.name, {})[version.version] = version
+
+    def latest(self, name: str) -> SchemaVersion:
+        """The newest version of record ``name``."""
+        try:
+            versions = self._versions[name]
+        except KeyError:
+            raise KeyError(f"unknown record {name!r}; known: {sorted(self._versions)}") from None
+        return versions[max(versions)]
+
+    def versions(self, name: str) -> list[SchemaVersion]:
+        """All versions of record ``name``, oldest first."""
+        return [v for _, v in sorted(self._versions.get(name, {}).items())]
+
+    def by_fingerprint(self, fp: bytes) -> SchemaVersion | None:
+        """The schema version with this fingerprint, if it is known."""
+        return self._by_fingerprint.get(fp)
+
+
+def _packaged_schema_dir() -> Path:
+    return Path(str(resources.files("rlpulse.schemas").joinpath("avro")))
+
+
+class Codec:
+    """Encodes records with the newest schema and decodes any known version."""
+
+    def __init__(self, registry: SchemaRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else SchemaRegistry()
+
+    def encode(self, name: str, record: Mapping[str, Any]) -> bytes:
+        """Encode ``record`` as record type ``name`` with its newest schema."""
+        schema = self.registry.latest(name)
+        buffer = io.BytesIO()
+        buffer.write(MAGIC)
+        buffer.write(schema.fingerprint)
+        try:
+            schemaless_writer(buffer, schema.parsed, record)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise EncodeError(f"{name}: {exc}") from exc
+        return buffer.getvalue()
+
+    def decode(self, data: bytes, expect: str | None = None) -> dict[str, Any]:
+        """Decode one message; ``expect`` names the record type the caller needs.
+
+        Raises :class:`DecodeError` whose ``failure`` says whether the bytes were
+        garbage, truncated, written with an unknown schema, or of another record type.
+        """
+        if len(data) < HEADER_SIZE:
+            if data and not MAGIC.startswith(data[:2]):
+                raise DecodeError(DecodeFailure.GARBAGE, "no single-object encoding marker")
+            raise DecodeError(DecodeFailure.TRUNCATED, f"{len(data)} bytes, header needs 10")
+        if data[:2] != MAGIC:
+            raise DecodeError(DecodeFailure.GARBAGE, f"marker {data[:2].hex()} is not c301")
+        writer = self.registry.by_fingerprint(data[2:HEADER_SIZE])
+        if writer is None:
+            raise DecodeError(
+                DecodeFailure.UNKNOWN_FINGERPRINT,
+                f"no schema with fingerprint {data[2:HEADER_SIZE].hex()}",
+            )
+        if expect is not None and writer.name != expect:
+            raise DecodeError(DecodeFailure.WRONG_RECORD, f"got {writer.name}, need {expect}")
+        reader = self.registry.latest(writer.name)
+        body = io.BytesIO(data)
+        body.seek(HEADER_SIZE)
+        try:
+            record = schemaless_reader(
+                body, writer.parsed, None if reader is writer else reader.parsed
+            )
+        except (EOFError, IndexError) as exc:
+            raise DecodeError(DecodeFailure.TRUNCATED, f"{writer.name}: body ends early") from exc
+        except Exception as exc:  # fastavro raises assorted errors on corrupt bodies
+            raise DecodeError(DecodeFailure.GARBAGE, f"{writer.name}: {exc!r}") from exc
+        trailing = len(data) - body.tell()
+        if trailing:
+            raise DecodeError(DecodeFailure.GARBAGE, f"{trailing} bytes after the record")
+        return cast(dict[str, Any], record)
+
+    def decode_event(self, data: bytes) -> TrainerEvent:
+        """Decode a ``TrainerEvent``."""
+        return cast(TrainerEvent, self.decode(data, "TrainerEvent"))
+
+    def decode_summary(self, data: bytes) -> StepSummary:
+        """Decode a ``StepSummary``."""
+        return cast(StepSummary, self.decode(data, "StepSummary"))
+
+    def decode_command(self, data: bytes) -> ControlCommand:
+        """Decode a ``ControlCommand``."""
+        return cast(ControlCommand, self.decode(data, "ControlCommand"))
+
+    def decode_ack(self, data: bytes) -> CommandAck:
+        """Decode a ``CommandAck``."""
+        return cast(CommandAck, self.decode(data, "CommandAck"))
+
+
+@cache
+def default_codec() -> Codec:
+    """A process-wide codec over the packaged schemas."""
+    return Codec()

@@ -1,0 +1,113 @@
+"""Typed views of the four wire records.
+
+Decoded records are plain dicts (what fastavro reads and writes, and the cheapest
+shape to move through the pipeline); these ``TypedDict``s give them names and
+field types for the type checker. The ``.avsc`` files under ``schemas/avro`` stay
+the source of truth.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+EventKind = Literal["metrics", "log", "run_start", "run_end"]
+ClosedBy = Literal["complete", "grace", "run_end"]
+CommandOrigin = Literal["rule", "operator"]
+AckStatus = Literal["applied", "noop", "rejected", "failed"]
+ParamValue = bool | int | float | str | None
+
+
+class TrainerEvent(TypedDict):
+    """One rank's report for one training step and stage."""
+
+    kind: EventKind
+    run_id: str
+    attempt: int
+    step: int
+    stage: str
+    rank: int
+    world_size: int
+    metrics: dict[str, float]
+    level: str | None
+    message: str | None
+    tags: dict[str, str]
+    timestamp_ns: int
+    hostname: str
+    pid: int
+    producer_id: str
+    seq: int
+    policy_version: int | None
+    trace_id: str | None
+
+
+class MetricStats(TypedDict):
+    """One metric reduced across the ranks that reported it."""
+
+    count: int
+    sum: float
+    mean: float
+    std: float
+    min: float
+    max: float
+    min_rank: int
+    max_rank: int
+    non_finite: int
+
+
+class StepSummary(TypedDict):
+    """All ranks of one (run, attempt, stage, step), joined."""
+
+    summary_id: str
+    run_id: str
+    attempt: int
+    stage: str
+    step: int
+    revision: int
+    world_size: int
+    ranks_reported: list[int]
+    missing_ranks: list[int]
+    metrics: dict[str, MetricStats]
+    tags: dict[str, str]
+    last_rank: int | None
+    last_rank_lag_ns: int
+    closed_by: ClosedBy
+    first_event_ns: int
+    last_event_ns: int
+    emitted_ns: int
+
+
+class Action(TypedDict):
+    """One step of a command: ``stop``, ``checkpoint``, ``scale_rollout_batch``, ..."""
+
+    type: str
+    params: dict[str, ParamValue]
+
+
+class ControlCommand(TypedDict):
+    """An instruction to one run attempt, from a rule or an operator."""
+
+    command_id: str
+    run_id: str
+    attempt: int
+    stage: str
+    step: int
+    origin: CommandOrigin
+    rule_id: str | None
+    rule_version: str | None
+    dry_run: bool
+    actions: list[Action]
+    reason: str
+    evidence: dict[str, float]
+    issued_ns: int
+
+
+class CommandAck(TypedDict):
+    """The trainer's answer to a command."""
+
+    command_id: str
+    run_id: str
+    attempt: int
+    status: AckStatus
+    applied_at_step: int | None
+    detail: dict[str, str]
+    acked_ns: int

@@ -1,0 +1,1 @@
+"""Stream processing: the pure step joiner and the faust worker."""

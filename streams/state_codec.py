@@ -1,0 +1,32 @@
+"""The serializer of the worker's faust Tables.
+
+Table values are plain JSON documents. faust's own ``json`` codec may switch to
+``orjson``, which writes NaN as ``null``; metric windows hold NaN on purpose, so
+the tables use the standard library's encoder, which keeps NaN and infinities.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from faust.serializers import codecs
+
+CODEC_NAME = "rlpulse_state"
+
+
+class StateCodec(codecs.Codec):  # type: ignore[misc]
+    """Compact stdlib JSON that round-trips NaN and +-inf."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    def _loads(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+def register_state_codec() -> str:
+    """Register the codec with faust (idempotent) and return its name."""
+    if CODEC_NAME not in codecs.codecs:
+        codecs.register(CODEC_NAME, StateCodec())
+    return CODEC_NAME

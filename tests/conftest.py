@@ -1,0 +1,40 @@
+"""Shared fixtures: a real Kafka broker for the whole session, and fresh topic names per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from rlpulse.kafka_admin import ensure_topics
+from rlpulse.schemas.topics import Topics
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap address of a real broker: ``RLPULSE_BOOTSTRAP``, or one started for the session."""
+    existing = os.environ.get("RLPULSE_BOOTSTRAP")
+    if existing:
+        yield existing
+        return
+    from rlpulse.broker import LocalBroker, default_cache_dir
+
+    broker = LocalBroker(
+        state_dir=default_cache_dir() / f"test-broker-{uuid.uuid4().hex[:8]}",
+        port=0,
+    )
+    info = broker.up()
+    try:
+        yield info.bootstrap
+    finally:
+        broker.down()
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str) -> Topics:
+    """A fresh set of rlpulse topics, created on the session broker."""
+    names = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
+    ensure_topics(kafka_bootstrap, names, partitions=3)
+    return names

@@ -1,0 +1,140 @@
+"""A scripted 4-rank, 60-step run whose rule firings can be computed by hand.
+
+reward_mean (stage ``rollout``) is 1.0 on every rank except at step 30, where it is
+3.0. The unstable-reward window (5 steps, population variance) first contains step
+30 at step 30: values [1, 1, 1, 1, 3], mean 1.4, var (4 * 0.4**2 + 1.6**2) / 5 = 0.64
+> 0.5 -> fires at step 30. It stays above 0.5 for steps 31..34 (the 3.0 is still in
+the window) but the rule is in its 5-evaluation cooldown; from step 35 the window is
+all 1.0 (var 0). So exactly one command, at step 30.
+
+kl_divergence (stage ``actor``) is 0.1, except 0.4 at steps 45 and 46 (two in a row:
+not enough), 0.2 at 47 (breaks the streak), and 0.5 from step 50 on: the third
+consecutive value > 0.3 is step 52 -> checkpoint, then stop, exactly once (``once``,
+and nothing follows a stop).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer
+
+from rlpulse.producers import ControlClient, EventLogger, ProducerConfig
+from rlpulse.schemas import default_codec
+from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
+from rlpulse.schemas.topics import Topics
+
+RANKS = 4
+STEPS = 60
+STAGES = ("rollout", "actor")
+UNSTABLE_REWARD_STEP = 30
+KL_GUARD_STEP = 52
+
+
+def reward(step: int) -> float:
+    return 3.0 if step == UNSTABLE_REWARD_STEP else 1.0
+
+
+def kl(step: int) -> float:
+    if step in (45, 46):
+        return 0.4
+    if step == 47:
+        return 0.2
+    return 0.5 if step >= 50 else 0.1
+
+
+class ScriptedRun:
+    """The trainer side of the scripted run: one EventLogger per rank and rank 0's ControlClient."""
+
+    def __init__(self, bootstrap: str, topics: Topics, run_id: str | None = None) -> None:
+        self.run_id = run_id or f"run-{uuid.uuid4().hex[:8]}"
+        self.config = ProducerConfig(bootstrap_servers=bootstrap, topic_prefix=topics.prefix)
+        self.ranks = [
+            EventLogger(self.run_id, rank=rank, world_size=RANKS, config=self.config)
+            for rank in range(RANKS)
+        ]
+        self.control = ControlClient(self.run_id, config=self.config)
+        self.received: list[ControlCommand] = []
+
+    def log_steps(self, steps: Iterable[int]) -> None:
+        for step in steps:
+            for rank, logger in enumerate(self.ranks):
+                logger.log({"reward_mean": reward(step), "rank_time_s": 1.0 + rank}, step, "rollout")
+                logger.log({"kl_divergence": kl(step)}, step, "actor")
+        for logger in self.ranks:
+            assert logger.flush(timeout_s=30.0) == 0
+
+    def receive_commands(self, want: int, timeout_s: float, settle_s: float = 3.0) -> None:
+        """Poll and ack until ``want`` commands arrived, then keep polling ``settle_s`` for extras."""
+        deadline = time.monotonic() + timeout_s
+        settle_until: float | None = None
+        while time.monotonic() < (settle_until or deadline):
+            for command in self.control.poll(timeout_s=0.2):
+                self.received.append(command)
+                self.control.ack(command, "applied", applied_at_step=command["step"] + 1)
+            if settle_until is None and len(self.received) >= want:
+                settle_until = time.monotonic() + settle_s
+
+    def close(self) -> None:
+        for logger in self.ranks:
+            logger.close(timeout_s=10.0)
+        self.control.close()
+
+
+def consume_all(
+    bootstrap: str, topic: str, stop: callable, timeout_s: float  # type: ignore[valid-type]
+) -> list[bytes]:
+    """Read ``topic`` from the beginning until ``stop(values)`` is true or the deadline passes."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and not stop(values):
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                values.append(message.value())
+    finally:
+        consumer.close()
+    return values
+
+
+def summaries_of(bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float, settle_s: float = 2.0) -> list[StepSummary]:
+    """Every StepSummary of ``run_id`` on the steps topic, once ``want`` distinct ids arrived."""
+    codec = default_codec()
+    settle: list[float] = []
+
+    def enough(values: list[bytes]) -> bool:
+        ids = {s["summary_id"] for s in map(codec.decode_summary, values) if s["run_id"] == run_id}
+        if len(ids) >= want and not settle:
+            settle.append(time.monotonic() + settle_s)
+        return bool(settle) and time.monotonic() >= settle[0]
+
+    raw = consume_all(bootstrap, topics.steps, enough, timeout_s)
+    return [s for s in map(codec.decode_summary, raw) if s["run_id"] == run_id]
+
+
+def acks_of(bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float) -> list[CommandAck]:
+    codec = default_codec()
+
+    def enough(values: list[bytes]) -> bool:
+        return sum(codec.decode_ack(v)["run_id"] == run_id for v in values) >= want
+
+    raw = consume_all(bootstrap, topics.acks, enough, timeout_s)
+    return [a for a in map(codec.decode_ack, raw) if a["run_id"] == run_id]
+
+
+def commands_on_topic(bootstrap: str, topics: Topics, run_id: str, timeout_s: float = 5.0) -> list[ControlCommand]:
+    """Everything on the control topic for ``run_id`` (raw, before the client's dedupe)."""
+    codec = default_codec()
+    raw = consume_all(bootstrap, topics.control, lambda _v: False, timeout_s)
+    return [c for c in map(codec.decode_command, raw) if c["run_id"] == run_id]

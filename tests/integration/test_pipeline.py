@@ -1,0 +1,115 @@
+"""The whole path on the real broker with a real worker process: trainer -> worker -> trainer."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rlpulse.schemas.topics import Topics
+from rlpulse.worker_process import WorkerProcess
+from tests.integration.scripted_run import (
+    KL_GUARD_STEP,
+    STAGES,
+    STEPS,
+    UNSTABLE_REWARD_STEP,
+    ScriptedRun,
+    acks_of,
+    commands_on_topic,
+    summaries_of,
+)
+
+pytestmark = pytest.mark.broker
+
+EXPECTED_SUMMARIES = STEPS * len(STAGES)
+
+
+def start_worker(bootstrap: str, topics: Topics, log: Path) -> WorkerProcess:
+    worker = WorkerProcess(bootstrap, topics.prefix, log, rules="seed", partitions=3, grace_s=5.0)
+    worker.start()
+    worker.wait_consuming(timeout_s=90.0)
+    return worker
+
+
+def assert_seed_commands(run: ScriptedRun) -> None:
+    by_rule = Counter(c["rule_id"] for c in run.received)
+    assert by_rule == {"unstable-reward": 1, "kl-guard": 1}, run.received
+    assert len({c["command_id"] for c in run.received}) == len(run.received)
+    unstable = next(c for c in run.received if c["rule_id"] == "unstable-reward")
+    guard = next(c for c in run.received if c["rule_id"] == "kl-guard")
+    assert (unstable["stage"], unstable["step"]) == ("rollout", UNSTABLE_REWARD_STEP)
+    assert unstable["actions"] == [
+        {"type": "scale_rollout_batch", "params": {"factor": 2.0, "max": 256}}
+    ] or [a["type"] for a in unstable["actions"]] == ["scale_rollout_batch"]
+    assert (guard["stage"], guard["step"]) == ("actor", KL_GUARD_STEP)
+    assert [a["type"] for a in guard["actions"]] == ["checkpoint", "stop"]
+    assert "0.5" in guard["reason"] and "0.3" in guard["reason"]
+
+
+def assert_every_step_summarised(summaries: list, run_id: str) -> None:  # type: ignore[type-arg]
+    firsts = {(s["stage"], s["step"]): s for s in summaries if s["revision"] == 1}
+    assert set(firsts) == {(stage, step) for stage in STAGES for step in range(1, STEPS + 1)}
+    for summary in firsts.values():
+        assert summary["ranks_reported"] == [0, 1, 2, 3]
+        assert summary["missing_ranks"] == []
+        assert summary["closed_by"] == "complete"
+    # A summary published twice (re-sent after a takeover) carries the same id.
+    ids_per_group: dict[tuple[str, int], set[str]] = {}
+    for s in summaries:
+        ids_per_group.setdefault((s["stage"], s["step"]), set()).add(s["summary_id"])
+    assert all(len(ids) == 1 for ids in ids_per_group.values())
+
+
+def test_four_ranks_sixty_steps(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
+    worker = start_worker(kafka_bootstrap, topics, tmp_path / "worker.log")
+    run = ScriptedRun(kafka_bootstrap, topics)
+    try:
+        run.log_steps(range(1, STEPS + 1))
+        run.receive_commands(want=2, timeout_s=90.0)
+        summaries = summaries_of(
+            kafka_bootstrap, topics, run.run_id, EXPECTED_SUMMARIES, timeout_s=60.0
+        )
+        acks = acks_of(kafka_bootstrap, topics, run.run_id, want=2, timeout_s=30.0)
+    finally:
+        run.close()
+        worker.stop()
+    assert len(summaries) == EXPECTED_SUMMARIES
+    assert_every_step_summarised(summaries, run.run_id)
+    rollout_30 = next(s for s in summaries if (s["stage"], s["step"]) == ("rollout", 30))
+    assert rollout_30["metrics"]["reward_mean"]["mean"] == 3.0
+    assert rollout_30["metrics"]["rank_time_s"]["max_rank"] == 3
+    assert_seed_commands(run)
+    assert sorted((a["command_id"], a["status"]) for a in acks) == sorted(
+        (c["command_id"], "applied") for c in run.received
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_worker_restart_mid_run_loses_nothing_and_repeats_nothing(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Stop the worker while the KL streak is two steps long; the restarted one completes it."""
+    worker = start_worker(kafka_bootstrap, topics, tmp_path / "worker-1.log")
+    run = ScriptedRun(kafka_bootstrap, topics)
+    try:
+        run.log_steps(range(1, KL_GUARD_STEP))  # up to step 51: kl streak is 50, 51
+        run.receive_commands(want=1, timeout_s=60.0, settle_s=0.0)
+        summaries_of(kafka_bootstrap, topics, run.run_id, 2 * (KL_GUARD_STEP - 1), timeout_s=60.0, settle_s=3.0)
+        worker.stop(sig)
+        assert not worker.alive()
+        run.log_steps(range(KL_GUARD_STEP, STEPS + 1))  # logged while no worker runs
+        worker = start_worker(kafka_bootstrap, topics, tmp_path / "worker-2.log")
+        run.receive_commands(want=2, timeout_s=90.0)
+        summaries = summaries_of(
+            kafka_bootstrap, topics, run.run_id, EXPECTED_SUMMARIES, timeout_s=60.0
+        )
+    finally:
+        run.close()
+        worker.stop()
+    assert_every_step_summarised(summaries, run.run_id)
+    assert_seed_commands(run)
+    on_topic = commands_on_topic(kafka_bootstrap, topics, run.run_id)
+    # Re-published commands are byte-for-byte the same command: the trainer dedupes them.
+    assert {c["command_id"] for c in on_topic} == {c["command_id"] for c in run.received}

@@ -1,0 +1,271 @@
+"""The trainer-side clients against a real broker: events out, commands in, acks out."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from rlpulse.kafka_admin import ensure_topics
+from rlpulse.producers import ControlClient, EventLogger, ProducerConfig, RunLink
+from rlpulse.schemas.codec import default_codec
+from rlpulse.schemas.records import CommandAck, ControlCommand
+from rlpulse.schemas.topics import Topics
+
+pytestmark = pytest.mark.broker
+
+WAIT_S = 30.0
+
+
+def command(
+    run_id: str, attempt: int = 0, name: str = "c", *, dry_run: bool = False
+) -> ControlCommand:
+    return {
+        "command_id": f"{run_id}-{attempt}-{name}",
+        "run_id": run_id,
+        "attempt": attempt,
+        "stage": "rollout",
+        "step": 7,
+        "origin": "rule",
+        "rule_id": "unstable-reward",
+        "rule_version": "1",
+        "dry_run": dry_run,
+        "actions": [{"type": "scale_rollout_batch", "params": {"factor": 2, "max": 256}}],
+        "reason": "variance of reward_mean over 5 steps is 0.61 > 0.5",
+        "evidence": {"reward_mean_var": 0.61},
+        "issued_ns": time.time_ns(),
+    }
+
+
+def publish(bootstrap: str, topic: str, messages: Iterable[tuple[str, bytes]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random"})
+    for key, value in messages:
+        producer.produce(topic, key=key.encode(), value=value)
+    assert producer.flush(WAIT_S) == 0
+
+
+def publish_commands(bootstrap: str, topics: Topics, commands: Iterable[ControlCommand]) -> None:
+    codec = default_codec()
+    publish(
+        bootstrap,
+        topics.control,
+        ((c["run_id"], codec.encode("ControlCommand", c)) for c in commands),
+    )
+
+
+def read_topic(bootstrap: str, topic: str, count: int) -> list[tuple[bytes | None, bytes]]:
+    """Read ``count`` messages (key, value) of ``topic`` from the beginning of every partition."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic=topic, timeout=WAIT_S).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        found: list[tuple[bytes | None, bytes]] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(found) < count and time.monotonic() < deadline:
+            for msg in consumer.consume(100, timeout=0.2):
+                assert msg.error() is None, msg.error()
+                value = msg.value()
+                assert value is not None
+                found.append((msg.key(), value))
+        assert len(found) == count, f"{len(found)} of {count} messages on {topic}"
+        return found
+    finally:
+        consumer.close()
+
+
+def poll_until(
+    client: ControlClient, done: Callable[[list[ControlCommand]], bool]
+) -> list[ControlCommand]:
+    """Poll ``client`` until ``done(everything returned so far)``, within ``WAIT_S``."""
+    returned: list[ControlCommand] = []
+    deadline = time.monotonic() + WAIT_S
+    while not done(returned):
+        assert time.monotonic() < deadline, f"only got {[c['command_id'] for c in returned]}"
+        returned.extend(client.poll(timeout_s=0.2))
+    return returned
+
+
+def ids(commands: Iterable[ControlCommand]) -> list[str]:
+    return [c["command_id"] for c in commands]
+
+
+def config_for(kafka_bootstrap: str, topics: Topics) -> ProducerConfig:
+    return ProducerConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix)
+
+
+def test_logged_events_arrive_decodable_and_in_sequence(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    with EventLogger(
+        "run-a",
+        rank=1,
+        world_size=2,
+        tags={"model": "qwen"},
+        config=config_for(kafka_bootstrap, topics),
+    ) as logger:
+        logger.run_start()
+        for step in range(5):
+            logger.log(
+                {"reward_mean": 2.5 + step, "tokens": 100 * step}, step=step, stage="rollout"
+            )
+        logger.log({}, 4, kind="log", level="INFO", message="epoch done")
+        logger.run_end(5)
+        assert logger.flush(WAIT_S) == 0
+        assert (logger.sent, logger.delivered, logger.failed, logger.dropped) == (8, 8, 0, 0)
+
+    codec = default_codec()
+    messages = read_topic(kafka_bootstrap, topics.events, 8)
+    assert {key for key, _ in messages} == {b"run-a"}
+    events = [codec.decode_event(value) for _, value in messages]
+    assert [e["seq"] for e in events] == list(range(8))
+    assert {e["producer_id"] for e in events} == {logger.producer_id}
+    assert [e["kind"] for e in events] == ["run_start"] + ["metrics"] * 5 + ["log", "run_end"]
+    metrics = events[3]
+    assert metrics["metrics"] == {"reward_mean": 4.5, "tokens": 200.0}
+    assert (metrics["run_id"], metrics["stage"], metrics["step"]) == ("run-a", "rollout", 2)
+    assert (metrics["rank"], metrics["world_size"], metrics["attempt"]) == (1, 2, 0)
+    assert metrics["tags"] == {"model": "qwen"}
+    assert metrics["pid"] > 0 and metrics["hostname"]
+    assert events[6]["message"] == "epoch done" and events[6]["level"] == "INFO"
+    timestamps = [e["timestamp_ns"] for e in events]
+    assert timestamps == sorted(timestamps)
+
+
+def test_control_client_returns_only_new_commands_of_its_run_attempt(
+    kafka_bootstrap: str, topics: Topics, caplog: pytest.LogCaptureFixture
+) -> None:
+    mine = [command("run-a", 0, "c1"), command("run-a", 0, "c2")]
+    dry = command("run-a", 0, "dry", dry_run=True)
+    sentinel = command("run-a", 0, "last")
+    publish_commands(
+        kafka_bootstrap,
+        topics,
+        [
+            mine[0],
+            command("run-a", 1, "other-attempt"),
+            command("run-b", 0, "other-run"),
+            mine[0],  # duplicate
+            dry,
+            mine[1],
+            dry,
+        ],
+    )
+    codec = default_codec()
+    publish(
+        kafka_bootstrap,
+        topics.control,
+        [
+            ("run-a", b"not avro at all"),
+            ("run-a", codec.encode("ControlCommand", command("run-b", 0, "wrong-key"))),
+            ("run-a", codec.encode("ControlCommand", sentinel)),
+        ],
+    )
+
+    caplog.set_level(logging.INFO, logger="rlpulse.producers")
+    with ControlClient("run-a", config=config_for(kafka_bootstrap, topics)) as client:
+        returned = poll_until(client, lambda got: sentinel["command_id"] in ids(got))
+        assert ids(returned) == ["run-a-0-c1", "run-a-0-c2", "run-a-0-last"]
+        assert returned[0] == mine[0]
+        assert ids(client.dry_run_seen) == ["run-a-0-dry"]
+        assert client.poll(timeout_s=0.5) == []
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("undecodable" in w and "garbage" in w for w in warnings), warnings
+        assert any("addressed to run 'run-b'" in w for w in warnings), warnings
+
+        assert client.ack(
+            returned[0], "applied", applied_at_step=12, detail={"old": "64", "new": "128"}
+        )
+        assert client.ack(returned[1], "rejected", detail={"why": "already at max"})
+        assert client.acked_command_ids == {"run-a-0-c1", "run-a-0-c2"}
+
+    acks: list[CommandAck] = []
+    for key, value in read_topic(kafka_bootstrap, topics.acks, 2):
+        assert key == b"run-a"
+        acks.append(codec.decode_ack(value))
+    first, second = acks
+    assert (first["command_id"], first["status"], first["applied_at_step"]) == (
+        "run-a-0-c1",
+        "applied",
+        12,
+    )
+    assert first["detail"] == {"old": "64", "new": "128"}
+    assert (first["run_id"], first["attempt"]) == ("run-a", 0)
+    assert (second["command_id"], second["status"], second["applied_at_step"]) == (
+        "run-a-0-c2",
+        "rejected",
+        None,
+    )
+
+
+def test_restarted_client_does_not_return_acked_commands(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    config = config_for(kafka_bootstrap, topics)
+    first, second = command("run-a", 0, "c1"), command("run-a", 0, "c2")
+    publish_commands(kafka_bootstrap, topics, [first, second])
+    with ControlClient("run-a", config=config) as client:
+        returned = poll_until(client, lambda got: len(got) >= 2)
+        assert ids(returned) == ["run-a-0-c1", "run-a-0-c2"]
+        assert client.ack(returned[0], "applied", applied_at_step=8)
+
+    # Another run's ack of the same id must not hide the command from this run.
+    codec = default_codec()
+    other_ack: CommandAck = {
+        "command_id": "run-a-0-c2",
+        "run_id": "run-b",
+        "attempt": 0,
+        "status": "applied",
+        "applied_at_step": None,
+        "detail": {},
+        "acked_ns": time.time_ns(),
+    }
+    publish(kafka_bootstrap, topics.acks, [("run-b", codec.encode("CommandAck", other_ack))])
+
+    publish_commands(kafka_bootstrap, topics, [command("run-a", 0, "c3")])
+    with ControlClient("run-a", config=config) as restarted:
+        returned = poll_until(restarted, lambda got: "run-a-0-c3" in ids(got))
+        assert ids(returned) == ["run-a-0-c2", "run-a-0-c3"]
+        assert restarted.acked_command_ids == {"run-a-0-c1"}
+
+
+def test_control_client_waits_for_topics_created_later(kafka_bootstrap: str) -> None:
+    topics = Topics(prefix=f"test-late-{uuid.uuid4().hex[:10]}")
+    config = ProducerConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix)
+    with ControlClient("run-a", config=config) as client:
+        assert client.poll() == []
+        assert not client.started
+        ensure_topics(kafka_bootstrap, topics, partitions=3)
+        publish_commands(kafka_bootstrap, topics, [command("run-a", 0, "c1")])
+        returned = poll_until(client, lambda got: len(got) >= 1)
+        assert ids(returned) == ["run-a-0-c1"]
+        assert client.started
+
+
+def test_run_link_round_trip(kafka_bootstrap: str, topics: Topics) -> None:
+    config = config_for(kafka_bootstrap, topics)
+    publish_commands(kafka_bootstrap, topics, [command("run-l", 2, "stop")])
+    with RunLink("run-l", rank=0, world_size=4, attempt=2, config=config) as link:
+        link.log({"kl_divergence": 0.31}, step=3, stage="actor")
+        deadline = time.monotonic() + WAIT_S
+        commands: list[ControlCommand] = []
+        while not commands:
+            assert time.monotonic() < deadline
+            commands = link.poll_commands(timeout_s=0.2)
+        assert ids(commands) == ["run-l-2-stop"]
+        assert link.ack(commands[0], "applied", applied_at_step=3)
+        assert link.flush(WAIT_S) == 0
+    codec = default_codec()
+    (event,) = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 1)]
+    assert (event["attempt"], event["world_size"], event["stage"]) == (2, 4, "actor")
+    (ack,) = [codec.decode_ack(v) for _, v in read_topic(kafka_bootstrap, topics.acks, 1)]
+    assert (ack["command_id"], ack["attempt"], ack["status"]) == ("run-l-2-stop", 2, "applied")

@@ -1,0 +1,270 @@
+"""Producer settings, argument checks and behaviour without a reachable broker (no broker)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+from pydantic import ValidationError
+
+import rlpulse
+import rlpulse.producers
+from rlpulse.producers import (
+    ControlClient,
+    EventLogger,
+    InvalidFieldError,
+    InvalidValueError,
+    ProducerClosedError,
+    ProducerConfig,
+    ProducerConfigError,
+    ProducerError,
+    RunLink,
+)
+from rlpulse.producers import config as config_module
+from rlpulse.schemas.records import ControlCommand
+
+UNREACHABLE = ProducerConfig(bootstrap_servers="127.0.0.1:1", topic_prefix="unit")
+
+
+def a_command(run_id: str = "run-a") -> ControlCommand:
+    return {
+        "command_id": "cmd-1",
+        "run_id": run_id,
+        "attempt": 0,
+        "stage": "trainer",
+        "step": 1,
+        "origin": "operator",
+        "rule_id": None,
+        "rule_version": None,
+        "dry_run": False,
+        "actions": [{"type": "stop", "params": {}}],
+        "reason": "operator asked",
+        "evidence": {},
+        "issued_ns": 0,
+    }
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLPULSE_BOOTSTRAP", raising=False)
+    config = ProducerConfig()
+    assert config.bootstrap_servers == "127.0.0.1:9092"
+    assert config.topic_prefix == "rlpulse"
+    assert (config.linger_ms, config.compression) == (5, "lz4")
+    assert config.control_lookback_s == 3600
+    assert config.extra == {}
+    assert config.topics.events == "rlpulse.events"
+
+
+def test_bootstrap_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLPULSE_BOOTSTRAP", "kafka-1:9092,kafka-2:9092")
+    assert ProducerConfig().bootstrap_servers == "kafka-1:9092,kafka-2:9092"
+    assert ProducerConfig(bootstrap_servers="other:1").bootstrap_servers == "other:1"
+    monkeypatch.setenv("RLPULSE_BOOTSTRAP", "  ")
+    assert ProducerConfig().bootstrap_servers == "127.0.0.1:9092"
+
+
+def test_config_is_frozen_and_refuses_unknown_or_bad_fields() -> None:
+    config = ProducerConfig()
+    with pytest.raises(ValidationError):
+        config.linger_ms = 10
+    with pytest.raises(ValidationError, match="extra_forbidden"):
+        ProducerConfig(lingerms=10)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="'lz4'"):
+        ProducerConfig(compression="brotli")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="Kafka topic characters"):
+        ProducerConfig(topic_prefix="bad prefix")
+    with pytest.raises(ValidationError):
+        ProducerConfig(control_lookback_s=0)
+    with pytest.raises(ValidationError, match="bootstrap_servers is empty"):
+        ProducerConfig(bootstrap_servers=" ")
+
+
+def test_producer_settings() -> None:
+    settings = ProducerConfig(
+        bootstrap_servers="b:9092", linger_ms=20, compression="zstd"
+    ).producer_settings()
+    assert settings["bootstrap.servers"] == "b:9092"
+    assert settings["enable.idempotence"] is True
+    assert settings["acks"] == "all"
+    assert settings["linger.ms"] == 20
+    assert settings["compression.type"] == "zstd"
+    assert settings["partitioner"] == "murmur2_random"
+    assert settings["queue.buffering.max.messages"] >= 1_000_000
+
+
+def test_consumer_settings() -> None:
+    settings = ProducerConfig(bootstrap_servers="b:9092").consumer_settings("g1")
+    assert settings["bootstrap.servers"] == "b:9092"
+    assert settings["group.id"] == "g1"
+    assert settings["enable.auto.commit"] is False
+    assert settings["auto.offset.reset"] == "earliest"
+
+
+def test_extra_is_merged_last() -> None:
+    config = ProducerConfig(
+        extra={"linger.ms": 50, "client.id": "trainer-7", "socket.nagle.disable": True}
+    )
+    producer = config.producer_settings()
+    assert (producer["linger.ms"], producer["client.id"], producer["socket.nagle.disable"]) == (
+        50,
+        "trainer-7",
+        True,
+    )
+    assert config.consumer_settings("g")["client.id"] == "trainer-7"
+
+
+def test_librdkafka_refusing_extra_raises_config_error() -> None:
+    config = ProducerConfig(bootstrap_servers="127.0.0.1:1", extra={"no.such.property": 1})
+    logger = EventLogger("run-a", config=config)
+    with pytest.raises(ProducerConfigError, match=r"no\.such\.property"):
+        logger.log({"loss": 1.0}, step=0)
+
+
+def _no_client(*_args: Any, **_kwargs: Any) -> NoReturn:
+    raise AssertionError("a Kafka client was created")
+
+
+def test_constructors_do_no_network_io(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config_module, "Producer", _no_client)
+    monkeypatch.setattr(config_module, "Consumer", _no_client)
+    logger = EventLogger("run-a", rank=3, world_size=8, config=UNREACHABLE)
+    client = ControlClient("run-a", attempt=1, config=UNREACHABLE)
+    link = RunLink("run-a", tags={"team": "rl"}, config=UNREACHABLE)
+    assert (logger.sent, logger.delivered, logger.failed, logger.dropped) == (0, 0, 0, 0)
+    assert not client.started
+    # Closing what never connected creates nothing either.
+    assert logger.close() == 0
+    client.close()
+    assert link.close() == 0
+
+
+def test_log_with_unreachable_broker_returns_at_once() -> None:
+    logger = EventLogger("run-a", config=UNREACHABLE)
+    start = time.monotonic()
+    for step in range(200):
+        logger.log({"loss": 1.0 / (step + 1), "tokens": step}, step=step)
+    assert time.monotonic() - start < 2.0
+    assert logger.sent == 200
+    assert logger.delivered == 0
+    assert logger.close(timeout_s=0.1) == 200
+
+
+def test_full_local_queue_drops_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    config = ProducerConfig(
+        bootstrap_servers="127.0.0.1:1", extra={"queue.buffering.max.messages": 5}
+    )
+    caplog.set_level(logging.WARNING, logger="rlpulse.producers.logger")
+    with EventLogger("run-a", config=config) as logger:
+        for step in range(20):
+            logger.log({"loss": 1.0}, step=step)
+        assert (logger.sent, logger.dropped) == (5, 15)
+        logger.close(timeout_s=0.1)
+    full = [r for r in caplog.records if "queue is full" in r.getMessage()]
+    assert len(full) == 1
+
+
+@pytest.mark.parametrize("value", ["1.0", b"1", None, [1.0, 2.0], {"a": 1}, object()])
+def test_non_numeric_metric_is_a_type_error_naming_the_key(value: object) -> None:
+    logger = EventLogger("run-a", config=UNREACHABLE)
+    with pytest.raises(TypeError, match=r"metrics\['reward_mean'\]") as raised:
+        logger.log({"loss": 0.5, "reward_mean": value}, step=1)  # type: ignore[dict-item]
+    assert isinstance(raised.value, InvalidFieldError)
+    assert isinstance(raised.value, ProducerError)
+    assert raised.value.key == "reward_mean"
+    assert logger.sent == 0
+
+
+def test_numeric_like_metric_values_are_converted() -> None:
+    class Scalar:
+        def __float__(self) -> float:
+            return 0.25
+
+    logger = EventLogger("run-a", config=UNREACHABLE)
+    logger.log({"int": 3, "bool": True, "nan": float("nan"), "scalar": Scalar()}, step=1)  # type: ignore[dict-item]
+    assert logger.sent == 1
+    logger.close(timeout_s=0)
+
+
+def test_bad_arguments_are_refused_with_their_context() -> None:
+    with pytest.raises(InvalidValueError, match="run_id"):
+        EventLogger("", config=UNREACHABLE)
+    with pytest.raises(InvalidValueError, match="world_size=0"):
+        EventLogger("run-a", world_size=0, config=UNREACHABLE)
+    with pytest.raises(InvalidFieldError, match=r"tags\['gpu'\]"):
+        EventLogger("run-a", tags={"gpu": 8}, config=UNREACHABLE)  # type: ignore[dict-item]
+    logger = EventLogger("run-a", config=UNREACHABLE)
+    with pytest.raises(InvalidValueError, match="'metrics', 'log', 'run_start', 'run_end'"):
+        logger.log({}, 1, kind="metric")  # type: ignore[arg-type]
+    with pytest.raises(InvalidFieldError, match="step"):
+        logger.log({}, 1.5)  # type: ignore[arg-type]
+    client = ControlClient("run-a", config=UNREACHABLE)
+    with pytest.raises(InvalidValueError, match="'applied', 'noop', 'rejected', 'failed'"):
+        client.ack(a_command(), "done")  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="this client's run"):
+        client.ack(a_command("run-b"), "applied")
+    with pytest.raises(InvalidFieldError, match=r"detail\['new'\]"):
+        client.ack(a_command(), "applied", detail={"new": 128})  # type: ignore[dict-item]
+
+
+def test_use_after_close_is_an_error() -> None:
+    logger = EventLogger("run-a", config=UNREACHABLE)
+    logger.close()
+    with pytest.raises(ProducerClosedError):
+        logger.log({"loss": 1.0}, step=0)
+    client = ControlClient("run-a", config=UNREACHABLE)
+    client.close()
+    with pytest.raises(ProducerClosedError):
+        client.poll()
+
+
+def test_poll_with_unreachable_broker_is_bounded_and_backs_off() -> None:
+    client = ControlClient("run-a", config=UNREACHABLE, startup_timeout_s=0.3)
+    start = time.monotonic()
+    assert client.poll() == []
+    assert time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert client.poll() == []  # within the retry pause: no new attempt
+    assert time.monotonic() - start < 0.1
+    assert not client.started
+    client.close()
+
+
+def test_public_api() -> None:
+    assert sorted(rlpulse.producers.__all__) == [
+        "ControlClient",
+        "EventLogger",
+        "InvalidFieldError",
+        "InvalidValueError",
+        "ProducerClosedError",
+        "ProducerConfig",
+        "ProducerConfigError",
+        "ProducerError",
+        "RunLink",
+    ]
+    for name in rlpulse.producers.__all__:
+        assert getattr(rlpulse.producers, name).__doc__
+
+
+def test_import_does_not_load_the_worker_stack() -> None:
+    forbidden = ["faust", "aiokafka", "aiohttp", "prometheus_client", "mode"]
+    code = (
+        "import sys, rlpulse.producers\n"
+        f"print(','.join(sorted(m for m in {forbidden!r} if m in sys.modules)))\n"
+    )
+    root = str(Path(rlpulse.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
+    )
+    assert result.stdout.strip() == ""

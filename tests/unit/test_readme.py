@@ -1,0 +1,26 @@
+"""The README's set-up commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def setup_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.+?)\n```", section)
+
+
+def test_readme_has_exactly_two_setup_commands() -> None:
+    commands = setup_commands()
+    assert len(commands) == 2
+    assert commands[0].endswith("rlpulse demo")
+    assert "pytest" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert setup_commands()[1] in ci_lines
