@@ -38,7 +38,7 @@ Progress = Callable[[str], None]
 
 
 def default_cache_dir() -> Path:
-    """Where rlpulse keeps Kafka jars and broker state: ``$RLPULSE_HOME`` or ``~/.cache/rlpulse``."""
+    """Where rlpulse keeps Kafka jars and broker state: ``$RLPULSE_HOME`` or ~/.cache/rlpulse."""
     home = os.environ.get("RLPULSE_HOME")
     return Path(home) if home else Path.home() / ".cache" / "rlpulse"
 

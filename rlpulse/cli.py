@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -11,12 +11,17 @@ from rich.console import Console
 from rlpulse.broker import DEFAULT_PORT, LocalBroker
 from rlpulse.exceptions import RlpulseError
 
+if TYPE_CHECKING:
+    from rlpulse.rules.model import RuleSet
+
 app = typer.Typer(
     help="Telemetry and closed-loop control for LLM RL post-training.",
     no_args_is_help=True,
     add_completion=False,
 )
-broker_app = typer.Typer(help="A local Apache Kafka broker (KRaft) on 127.0.0.1.", no_args_is_help=True)
+broker_app = typer.Typer(
+    help="A local Apache Kafka broker (KRaft) on 127.0.0.1.", no_args_is_help=True
+)
 app.add_typer(broker_app, name="broker")
 
 err = Console(stderr=True)
@@ -39,7 +44,9 @@ def _fail(message: str) -> typer.Exit:
 
 @broker_app.command("up")
 def broker_up(
-    port: Annotated[int, typer.Option(help="Client port; the controller uses port + 1.")] = DEFAULT_PORT,
+    port: Annotated[
+        int, typer.Option(help="Client port; the controller uses port + 1.")
+    ] = DEFAULT_PORT,
     state_dir: StateDir = None,
 ) -> None:
     """Start the local broker (or report the running one)."""
@@ -121,7 +128,7 @@ def demo(
     raise typer.Exit(code)
 
 
-def _load_rules(source: str) -> object:
+def _load_rules(source: str) -> RuleSet:
     from rlpulse.rules import load_preset, load_rules
 
     path = Path(source)

@@ -9,7 +9,9 @@ the run stops — and acknowledges each one. It exits 0 when kl-guard stopped th
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import random
 import tempfile
 import time
@@ -24,7 +26,7 @@ from rlpulse.config import resolve_bootstrap
 from rlpulse.exceptions import RlpulseError
 from rlpulse.kafka_admin import admin_client, ensure_topics
 from rlpulse.producers import ControlClient, EventLogger, ProducerConfig
-from rlpulse.schemas.records import ControlCommand
+from rlpulse.schemas.records import AckStatus, ControlCommand
 from rlpulse.schemas.topics import Topics
 from rlpulse.worker_process import WorkerProcess
 
@@ -60,9 +62,10 @@ class SimulatedRun:
             kl = 0.35 + 0.01 * (step - KL_BREACH_FROM) + self.rng.uniform(0.0, 0.02)
         return {"kl_divergence": kl, "policy_loss": 0.3 + self.rng.gauss(0.0, 0.01)}
 
-    def apply(self, command: ControlCommand, step: int) -> tuple[str, dict[str, str]]:
+    def apply(self, command: ControlCommand, step: int) -> tuple[AckStatus, dict[str, str]]:
         """Apply every action of ``command``; return the ack status and its detail."""
-        status, detail = "noop", {}
+        status: AckStatus = "noop"
+        detail: dict[str, str] = {}
         for action in command["actions"]:
             params = action["params"]
             if action["type"] == "scale_rollout_batch":
@@ -122,8 +125,6 @@ def run_demo(
 
 
 def _explicit_bootstrap_env() -> bool:
-    import os
-
     return bool(os.environ.get("RLPULSE_BOOTSTRAP"))
 
 
@@ -152,32 +153,10 @@ def _play(
         for step in range(1, MAX_STEPS + 1):
             if not worker.alive():
                 raise RlpulseError(f"the worker died; its log:\n{tail(worker.log_file, 30)}")
-            rewards, kls = [], []
-            for rank, logger in enumerate(ranks):
-                rollout = run.rollout_metrics(step, rank)
-                actor = run.actor_metrics(step, rank)
-                rewards.append(rollout["reward_mean"])
-                kls.append(actor["kl_divergence"])
-                logger.log(rollout, step=step, stage="rollout")
-                logger.log(actor, step=step, stage="actor")
-            for logger in ranks:
-                logger.flush(timeout_s=5.0)
-            say.print(
-                f"step {step:3d}  rollout batch {run.rollout_batch:3d}  "
-                f"reward {math.fsum(rewards) / WORLD_SIZE:6.2f}  KL {math.fsum(kls) / WORLD_SIZE:.3f}",
-                highlight=False,
-            )
+            _log_step(say, run, ranks, step)
             time.sleep(step_interval_s)
             for command in control.poll(timeout_s=0.05):
-                say.print(
-                    f"  [yellow]command[/] {command['rule_id']} (issued for step {command['step']}): "
-                    f"{command['reason']}",
-                    highlight=False,
-                )
-                status, detail = run.apply(command, step)
-                control.ack(command, status, applied_at_step=step, detail=detail)  # type: ignore[arg-type]
-                shown = ", ".join(f"{k}={v}" for k, v in detail.items())
-                say.print(f"  [green]ack[/] {status} at step {step}: {shown}", highlight=False)
+                _apply_and_ack(say, run, control, command, step)
             if run.stopped_by is not None:
                 break
         else:
@@ -195,13 +174,43 @@ def _play(
     return 0 if run.stopped_by == "kl-guard" else 1
 
 
+def _log_step(say: Console, run: SimulatedRun, ranks: list[EventLogger], step: int) -> None:
+    rewards, kls = [], []
+    for rank, logger in enumerate(ranks):
+        rollout = run.rollout_metrics(step, rank)
+        actor = run.actor_metrics(step, rank)
+        rewards.append(rollout["reward_mean"])
+        kls.append(actor["kl_divergence"])
+        logger.log(rollout, step=step, stage="rollout")
+        logger.log(actor, step=step, stage="actor")
+    for logger in ranks:
+        logger.flush(timeout_s=5.0)
+    reward, kl = math.fsum(rewards) / WORLD_SIZE, math.fsum(kls) / WORLD_SIZE
+    say.print(
+        f"step {step:3d}  rollout batch {run.rollout_batch:3d}  reward {reward:6.2f}  KL {kl:.3f}",
+        highlight=False,
+    )
+
+
+def _apply_and_ack(
+    say: Console, run: SimulatedRun, control: ControlClient, command: ControlCommand, step: int
+) -> None:
+    say.print(
+        f"  [yellow]command[/] {command['rule_id']} (issued for step {command['step']}): "
+        f"{command['reason']}",
+        highlight=False,
+    )
+    status, detail = run.apply(command, step)
+    control.ack(command, status, applied_at_step=step, detail=detail)
+    shown = ", ".join(f"{k}={v}" for k, v in detail.items())
+    say.print(f"  [green]ack[/] {status} at step {step}: {shown}", highlight=False)
+
+
 def _delete_topics(bootstrap: str, topics: Topics) -> None:
     admin = admin_client(bootstrap)
     names = [*topics.all()]
     existing = admin.list_topics(timeout=10).topics
     names += [name for name in existing if name.startswith(f"{topics.prefix}-worker")]
     for future in admin.delete_topics([n for n in names if n in existing]).values():
-        try:
+        with contextlib.suppress(Exception):  # best effort: a leftover topic is harmless
             future.result()
-        except Exception:  # noqa: BLE001 - best effort; a leftover topic is harmless
-            pass

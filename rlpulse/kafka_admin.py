@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -17,7 +18,8 @@ _LIBRDKAFKA_LOG = logging.getLogger("rlpulse.librdkafka")
 
 def admin_client(bootstrap: str) -> AdminClient:
     """An AdminClient whose librdkafka log lines go to ``logging``, not to stderr."""
-    return AdminClient({"bootstrap.servers": bootstrap, "logger": _LIBRDKAFKA_LOG})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _LIBRDKAFKA_LOG}
+    return AdminClient(config)
 
 
 def ensure_topics(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class DecodeFailure(str, Enum):
+class DecodeFailure(StrEnum):
     """What was wrong with bytes that could not be decoded."""
 
     GARBAGE = "garbage"

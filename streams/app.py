@@ -89,7 +89,7 @@ class WorkerApp:
             )
 
         def table(name: str) -> Any:
-            created = self.app.Table(name, partitions=settings.partitions)
+            created: Any = self.app.Table(name, partitions=settings.partitions)
             # faust derives serializers from key_type/value_type; ours are plain JSON documents.
             created.key_serializer = created.value_serializer = state_codec
             return created
@@ -226,7 +226,9 @@ class WorkerApp:
         if not commands:
             return
         recent = list(self.issued.get(run_key) or []) + list(commands)
-        self.issued[run_key] = recent[-self.settings.recent_commands :] if self.settings.recent_commands else []
+        self.issued[run_key] = (
+            recent[-self.settings.recent_commands :] if self.settings.recent_commands else []
+        )
         for command in commands:
             self.metrics.commands.labels(command["rule_id"] or "", str(command["dry_run"])).inc()
             await self._publish_command(command)
@@ -248,7 +250,7 @@ class WorkerApp:
             headers=[(REASON_HEADER, reason.encode()), (SOURCE_HEADER, source.encode())],
         )
 
-    async def _on_revoked(self, app: Any, revoked: Any, **_: Any) -> None:
+    async def _on_revoked(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # Whoever gets these partitions next re-publishes; if it is us again, so do we.
         self._resent_partitions.clear()
         self._resent_runs.clear()

@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import math
 import uuid
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -44,7 +44,6 @@ __all__ = [
     "GroupState",
     "JoinOutcome",
     "JoinerConfig",
-    "RankState",
     "StageState",
     "StepJoiner",
     "summary_id",
@@ -54,14 +53,8 @@ SUMMARY_NAMESPACE = uuid.UUID("8df55b85-6d5e-4297-8b62-70b55184a79d")
 """uuid5 namespace of ``summary_id``; changing it changes every id."""
 
 _KINDS = frozenset({"metrics", "log", "run_start", "run_end"})
+_INT_FIELDS = ("step", "rank", "world_size", "timestamp_ns", "seq")
 _SECOND_NS = 1_000_000_000
-
-
-class RankState(TypedDict):
-    """One rank's merged metrics in a group: the winning value and its seq per metric."""
-
-    values: dict[str, float]
-    seqs: dict[str, int]
 
 
 class GroupState(TypedDict):
@@ -71,7 +64,7 @@ class GroupState(TypedDict):
     arrived_ns: int  # now_ns of the first add: the grace clock
     first_ts: int
     last_ts: int
-    ranks: dict[str, RankState]  # str(rank) ->
+    ranks: dict[str, dict[str, list[float]]]  # str(rank) -> metric -> [value, seq]
     last_rank: int  # the rank whose first event arrived last
     last_rank_ts: int  # timestamp_ns of that event
     seen: dict[str, list[int]]  # producer_id -> seqs merged
@@ -87,7 +80,7 @@ class StageState(TypedDict):
 
     open: dict[str, int]  # str(step) -> arrived_ns of its group
     pending: list[int]  # closed steps waiting for an earlier open step, ascending
-    retained: list[list[int]]  # [step, released_ns], ascending in both
+    retained: list[int]  # emitted steps still kept, ascending (= release order)
     frontier: int  # highest emitted step, -1 before the first
     drained_ns: int | None  # when its last retained group was deleted
 
@@ -223,7 +216,7 @@ class StepJoiner:
             stage = self._stages.get(skey)
             if stage is None:
                 continue
-            for step, _ in stage["retained"]:
+            for step in stage["retained"]:
                 group = self._groups.get(f"{skey}|{step}")
                 summary = None if group is None else group["summary"]
                 if summary is not None and summary["emitted_ns"] >= since_ns:
@@ -267,7 +260,7 @@ class StepJoiner:
             step = pending.pop(0)
             gkey = f"{skey}|{step}"
             released.append(self._emit(gkey, self._groups[gkey], now_ns))
-            stage["retained"].append([step, now_ns])
+            stage["retained"].append(step)
             stage["frontier"] = step
         return released
 
@@ -285,10 +278,12 @@ class StepJoiner:
         """Delete retained groups past the late window; True if any was deleted."""
         retained = stage["retained"]
         count = 0
-        while count < len(retained) and now_ns - retained[count][1] >= self._late_ns:
-            gkey = f"{skey}|{retained[count][0]}"
-            if gkey in self._groups:
-                del self._groups[gkey]
+        for step in retained:  # released in this order, so the oldest come first
+            gkey = f"{skey}|{step}"
+            released = self._groups[gkey]["released_ns"]
+            if released is not None and now_ns - released < self._late_ns:
+                break
+            del self._groups[gkey]
             count += 1
         del retained[:count]
         if count and not (retained or stage["open"] or stage["pending"]):
@@ -323,11 +318,13 @@ class StepJoiner:
 def _invalid(event: TrainerEvent) -> str | None:
     """Why the event cannot be joined, or None."""
     try:
-        kind, run_id = event["kind"], event["run_id"]
+        kind = event["kind"]
         if kind not in _KINDS:
             return f"invalid: unknown kind {kind!r}, expected one of {sorted(_KINDS)}"
-        if not run_id:
-            return "invalid: empty run_id"
+        if not event["run_id"] or not isinstance(event["run_id"], str):
+            return f"invalid: run_id {event['run_id']!r} is not a non-empty string"
+        if not isinstance(event["attempt"], int):
+            return f"invalid: attempt {event['attempt']!r} is not an integer"
         if kind in ("run_start", "run_end"):
             return None
         stage, step, rank, world_size = (
@@ -336,8 +333,12 @@ def _invalid(event: TrainerEvent) -> str | None:
             event["rank"],
             event["world_size"],
         )
-        if not stage:
-            return "invalid: empty stage"
+        fields: Mapping[str, object] = event
+        not_int = [name for name in _INT_FIELDS if not isinstance(fields[name], int)]
+        if not_int:
+            return f"invalid: {', '.join(not_int)} must be integers"
+        if not stage or not isinstance(stage, str):
+            return f"invalid: stage {stage!r} is not a non-empty string"
         if "|" in stage:
             return f"invalid: stage {stage!r} contains '|'"
         if step < 0:
@@ -346,15 +347,15 @@ def _invalid(event: TrainerEvent) -> str | None:
             return f"invalid: world_size {world_size} < 1"
         if not 0 <= rank < world_size:
             return f"invalid: rank {rank} outside [0, {world_size})"
-        missing = [
-            name
-            for name in ("attempt", "metrics", "tags", "timestamp_ns", "producer_id", "seq")
-            if name not in event
-        ]
-        if missing:
-            return f"invalid: missing fields {missing}"
-    except (KeyError, TypeError) as exc:
-        return f"invalid: malformed event ({exc!r})"
+        not_number = [k for k, v in event["metrics"].items() if not isinstance(v, int | float)]
+        if not_number:
+            return f"invalid: metrics {not_number} are not numbers"
+        if not isinstance(event["tags"], dict) or not isinstance(event["producer_id"], str):
+            return "invalid: tags must be a map and producer_id a string"
+    except KeyError as exc:
+        return f"invalid: missing field {exc}"
+    except (TypeError, AttributeError) as exc:
+        return f"invalid: malformed event ({exc})"
     return None
 
 
@@ -386,12 +387,12 @@ def _merge(group: GroupState, event: TrainerEvent) -> None:
     group["tags"].update(event["tags"])  # a later arrival wins a conflicting tag
     state = group["ranks"].get(str(rank))
     if state is None:
-        state = group["ranks"][str(rank)] = {"values": {}, "seqs": {}}
+        state = group["ranks"][str(rank)] = {}
         group["last_rank"], group["last_rank_ts"] = rank, ts
     for name, value in event["metrics"].items():
-        if seq >= state["seqs"].get(name, seq):  # equal seq: the later arrival wins
-            state["values"][name] = float(value)
-            state["seqs"][name] = seq
+        held = state.get(name)
+        if held is None or seq >= held[1]:  # equal seq: the later arrival wins
+            state[name] = [float(value), seq]
 
 
 def _summarize(gkey: str, group: GroupState, now_ns: int) -> StepSummary:
@@ -399,7 +400,7 @@ def _summarize(gkey: str, group: GroupState, now_ns: int) -> StepSummary:
     reported = sorted(int(rank) for rank in group["ranks"])
     columns: dict[str, tuple[list[int], list[float]]] = {}
     for rank in reported:  # ascending, so the lowest rank comes first on ties
-        for name, value in group["ranks"][str(rank)]["values"].items():
+        for name, (value, _) in group["ranks"][str(rank)].items():
             ranks, values = columns.setdefault(name, ([], []))
             ranks.append(rank)
             values.append(value)

@@ -10,9 +10,7 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.events = Counter(
-            "rlpulse_events_total", "Trainer events consumed.", registry=registry
-        )
+        self.events = Counter("rlpulse_events_total", "Trainer events consumed.", registry=registry)
         self.duplicates = Counter(
             "rlpulse_duplicate_events_total",
             "Events dropped as duplicates by (producer_id, seq).",

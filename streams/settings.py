@@ -25,9 +25,13 @@ class WorkerSettings(BaseModel):
     )
     partitions: int = Field(default=6, ge=1, description="Partitions of the run-keyed topics.")
     grace_s: float = Field(default=30.0, gt=0, description="Wall-clock wait for missing ranks.")
-    late_window_s: float = Field(default=600.0, ge=0, description="How long closed steps accept revisions.")
+    late_window_s: float = Field(
+        default=600.0, ge=0, description="How long closed steps accept revisions."
+    )
     tick_interval_s: float = Field(default=1.0, gt=0, description="How often the grace timer runs.")
-    recent_commands: int = Field(default=8, ge=0, description="Commands per run re-sent after a takeover.")
+    recent_commands: int = Field(
+        default=8, ge=0, description="Commands per run re-sent after a takeover."
+    )
     metrics_port: int | None = Field(default=None, description="Serve Prometheus /metrics here.")
     web_port: int = Field(default=0, description="faust's web server port; 0 disables it.")
     data_dir: str | None = Field(default=None, description="faust's data directory.")

@@ -15,7 +15,7 @@ from faust.serializers import codecs
 CODEC_NAME = "rlpulse_state"
 
 
-class StateCodec(codecs.Codec):  # type: ignore[misc]
+class StateCodec(codecs.Codec):
     """Compact stdlib JSON that round-trips NaN and +-inf."""
 
     def _dumps(self, obj: Any) -> bytes:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer
 
@@ -61,13 +61,15 @@ class ScriptedRun:
     def log_steps(self, steps: Iterable[int]) -> None:
         for step in steps:
             for rank, logger in enumerate(self.ranks):
-                logger.log({"reward_mean": reward(step), "rank_time_s": 1.0 + rank}, step, "rollout")
+                logger.log(
+                    {"reward_mean": reward(step), "rank_time_s": 1.0 + rank}, step, "rollout"
+                )
                 logger.log({"kl_divergence": kl(step)}, step, "actor")
         for logger in self.ranks:
             assert logger.flush(timeout_s=30.0) == 0
 
     def receive_commands(self, want: int, timeout_s: float, settle_s: float = 3.0) -> None:
-        """Poll and ack until ``want`` commands arrived, then keep polling ``settle_s`` for extras."""
+        """Poll and ack until ``want`` commands arrived, then poll ``settle_s`` more for extras."""
         deadline = time.monotonic() + timeout_s
         settle_until: float | None = None
         while time.monotonic() < (settle_until or deadline):
@@ -84,7 +86,7 @@ class ScriptedRun:
 
 
 def consume_all(
-    bootstrap: str, topic: str, stop: callable, timeout_s: float  # type: ignore[valid-type]
+    bootstrap: str, topic: str, stop: Callable[[list[bytes]], bool], timeout_s: float
 ) -> list[bytes]:
     """Read ``topic`` from the beginning until ``stop(values)`` is true or the deadline passes."""
     consumer = Consumer(
@@ -102,13 +104,15 @@ def consume_all(
         while time.monotonic() < deadline and not stop(values):
             message = consumer.poll(0.2)
             if message is not None and message.error() is None:
-                values.append(message.value())
+                values.append(message.value() or b"")
     finally:
         consumer.close()
     return values
 
 
-def summaries_of(bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float, settle_s: float = 2.0) -> list[StepSummary]:
+def summaries_of(
+    bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float, settle_s: float = 2.0
+) -> list[StepSummary]:
     """Every StepSummary of ``run_id`` on the steps topic, once ``want`` distinct ids arrived."""
     codec = default_codec()
     settle: list[float] = []
@@ -123,7 +127,9 @@ def summaries_of(bootstrap: str, topics: Topics, run_id: str, want: int, timeout
     return [s for s in map(codec.decode_summary, raw) if s["run_id"] == run_id]
 
 
-def acks_of(bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float) -> list[CommandAck]:
+def acks_of(
+    bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float
+) -> list[CommandAck]:
     codec = default_codec()
 
     def enough(values: list[bytes]) -> bool:
@@ -133,7 +139,9 @@ def acks_of(bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: f
     return [a for a in map(codec.decode_ack, raw) if a["run_id"] == run_id]
 
 
-def commands_on_topic(bootstrap: str, topics: Topics, run_id: str, timeout_s: float = 5.0) -> list[ControlCommand]:
+def commands_on_topic(
+    bootstrap: str, topics: Topics, run_id: str, timeout_s: float = 5.0
+) -> list[ControlCommand]:
     """Everything on the control topic for ``run_id`` (raw, before the client's dedupe)."""
     codec = default_codec()
     raw = consume_all(bootstrap, topics.control, lambda _v: False, timeout_s)

@@ -96,7 +96,14 @@ def test_worker_restart_mid_run_loses_nothing_and_repeats_nothing(
     try:
         run.log_steps(range(1, KL_GUARD_STEP))  # up to step 51: kl streak is 50, 51
         run.receive_commands(want=1, timeout_s=60.0, settle_s=0.0)
-        summaries_of(kafka_bootstrap, topics, run.run_id, 2 * (KL_GUARD_STEP - 1), timeout_s=60.0, settle_s=3.0)
+        summaries_of(
+            kafka_bootstrap,
+            topics,
+            run.run_id,
+            2 * (KL_GUARD_STEP - 1),
+            timeout_s=60.0,
+            settle_s=3.0,
+        )
         worker.stop(sig)
         assert not worker.alive()
         run.log_steps(range(KL_GUARD_STEP, STEPS + 1))  # logged while no worker runs

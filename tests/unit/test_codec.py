@@ -145,7 +145,7 @@ def encoded_event() -> bytes:
     [
         (b"", DecodeFailure.TRUNCATED),
         (b"\xc3", DecodeFailure.TRUNCATED),
-        (b"{\"json\": true}", DecodeFailure.GARBAGE),
+        (b'{"json": true}', DecodeFailure.GARBAGE),
         (b"hello", DecodeFailure.GARBAGE),
         (MAGIC + b"\x00" * 8 + b"\x02", DecodeFailure.UNKNOWN_FINGERPRINT),
     ],
@@ -200,7 +200,7 @@ def test_fingerprint_matches_the_avro_specification() -> None:
 def write_with(schema: Any, record: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     schemaless_writer(buffer, schema.parsed, record)
-    return MAGIC + schema.fingerprint + buffer.getvalue()
+    return bytes(MAGIC + schema.fingerprint + buffer.getvalue())
 
 
 def fields_of(schema: Any) -> list[str]:
@@ -233,6 +233,9 @@ def test_an_added_field_resolves_to_its_default(tmp_path: Path) -> None:
     decoded = codec.decode_event(write_with(old, trainer_event()))
     assert decoded["gpu"] == "?"  # type: ignore[typeddict-item]
     assert decoded["metrics"] == trainer_event()["metrics"]
-    assert codec.decode_event(codec.encode("TrainerEvent", {**trainer_event(), "gpu": "a100"}))[
-        "gpu"  # type: ignore[typeddict-item]
-    ] == "a100"
+    assert (
+        codec.decode_event(codec.encode("TrainerEvent", {**trainer_event(), "gpu": "a100"}))[
+            "gpu"  # type: ignore[typeddict-item]
+        ]
+        == "a100"
+    )

@@ -294,11 +294,14 @@ def test_new_step_below_the_frontier_is_too_late() -> None:
         ({"rank": -1}, "invalid: rank -1 outside [0, 2)"),
         ({"rank": 2}, "invalid: rank 2 outside [0, 2)"),
         ({"world_size": 0, "rank": 0}, "invalid: world_size 0 < 1"),
-        ({"run_id": ""}, "invalid: empty run_id"),
-        ({"stage": ""}, "invalid: empty stage"),
+        ({"run_id": ""}, "invalid: run_id '' is not a non-empty string"),
+        ({"stage": ""}, "invalid: stage '' is not a non-empty string"),
         ({"stage": "a|b"}, "invalid: stage 'a|b' contains '|'"),
         ({"kind": "bogus"}, "invalid: unknown kind 'bogus'"),
-        ({"step": "3"}, "invalid: malformed event"),
+        ({"step": "3", "seq": 1.5}, "invalid: step, seq must be integers"),
+        ({"metrics": {"a": 1.0, "b": "x"}}, "invalid: metrics ['b'] are not numbers"),
+        ({"metrics": None}, "invalid: malformed event"),
+        ({"tags": None}, "invalid: tags must be a map"),
     ],
 )
 def test_invalid_events_are_rejected(overrides: dict[str, Any], reason: str) -> None:
@@ -318,7 +321,9 @@ def test_missing_field_and_world_size_mismatch_are_rejected() -> None:
     event: dict[str, Any] = dict(ev())
     del event["seq"]
     out = joiner.add(event, T0)  # type: ignore[arg-type]
-    assert out.rejected == "invalid: missing fields ['seq']"
+    assert out.rejected == "invalid: missing field 'seq'"
+    out = joiner.add({"kind": "run_end", "run_id": "run"}, T0)  # type: ignore[typeddict-item]
+    assert out.rejected == "invalid: missing field 'attempt'"
     joiner.add(ev(0, 1, world_size=2), T0)
     out = joiner.add(ev(1, 1, world_size=3), T0)
     assert out.rejected == "invalid: world_size 3 differs from the 2 of run|0|rollout|1"
