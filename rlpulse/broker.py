@@ -320,8 +320,7 @@ class LocalBroker:
             libs,
             "kafka.tools.StorageTool",
             "format",
-            "-t",
-            _kafka_cluster_id(),
+            f"--cluster-id={_kafka_cluster_id()}",  # an id may start with "-"
             "-c",
             str(config),
         )

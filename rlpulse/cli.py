@@ -13,6 +13,7 @@ from rlpulse.exceptions import RlpulseError
 
 if TYPE_CHECKING:
     from rlpulse.rules.model import RuleSet
+    from rlpulse.schemas.records import Action
 
 app = typer.Typer(
     help="Telemetry and closed-loop control for LLM RL post-training.",
@@ -23,6 +24,10 @@ broker_app = typer.Typer(
     help="A local Apache Kafka broker (KRaft) on 127.0.0.1.", no_args_is_help=True
 )
 app.add_typer(broker_app, name="broker")
+control_app = typer.Typer(
+    help="Act on a run by hand: publish an operator ControlCommand.", no_args_is_help=True
+)
+app.add_typer(control_app, name="control")
 
 err = Console(stderr=True)
 out = Console()
@@ -126,6 +131,83 @@ def demo(
     except RlpulseError as exc:
         raise _fail(str(exc)) from None
     raise typer.Exit(code)
+
+
+Prefix = Annotated[str, typer.Option(help="Topic prefix.")]
+Attempt = Annotated[int, typer.Option(help="The run attempt the command is for.")]
+Reason = Annotated[str | None, typer.Option(help="Why; shown to whoever reads the command.")]
+
+
+def _send_operator_command(
+    run_id: str,
+    actions: list[Action],
+    bootstrap: str | None,
+    prefix: str,
+    attempt: int,
+    reason: str | None,
+) -> None:
+    from rlpulse.config import resolve_bootstrap
+    from rlpulse.operator import operator_command, publish_command
+    from rlpulse.producers import ProducerConfig
+
+    config = ProducerConfig(bootstrap_servers=resolve_bootstrap(bootstrap), topic_prefix=prefix)
+    command = operator_command(run_id, actions, attempt=attempt, reason=reason)
+    try:
+        publish_command(config, command)
+    except TimeoutError as exc:
+        raise _fail(str(exc)) from None
+    out.print(f"sent {command['command_id']} to {run_id} (attempt {attempt}): {command['reason']}")
+
+
+@control_app.command("stop")
+def control_stop(
+    run_id: Annotated[str, typer.Argument(help="The run to stop.")],
+    checkpoint: Annotated[bool, typer.Option(help="Save a checkpoint before stopping.")] = True,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "rlpulse",
+    attempt: Attempt = 0,
+    reason: Reason = None,
+) -> None:
+    """Stop a run at its next step (after a checkpoint unless --no-checkpoint)."""
+    from rlpulse.operator import action
+
+    actions = [action("checkpoint", tag="operator_stop")] if checkpoint else []
+    _send_operator_command(run_id, [*actions, action("stop")], bootstrap, prefix, attempt, reason)
+
+
+@control_app.command("checkpoint")
+def control_checkpoint(
+    run_id: Annotated[str, typer.Argument(help="The run to checkpoint.")],
+    tag: Annotated[str, typer.Option(help="Tag of the checkpoint.")] = "operator",
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "rlpulse",
+    attempt: Attempt = 0,
+    reason: Reason = None,
+) -> None:
+    """Save a checkpoint at the run's next step."""
+    from rlpulse.operator import action
+
+    _send_operator_command(
+        run_id, [action("checkpoint", tag=tag)], bootstrap, prefix, attempt, reason
+    )
+
+
+@control_app.command("scale")
+def control_scale(
+    run_id: Annotated[str, typer.Argument(help="The run whose rollout batch to scale.")],
+    factor: Annotated[float, typer.Option(help="Multiply the rollout batch by this.")],
+    min_batch: Annotated[int | None, typer.Option("--min", help="Lower bound.")] = None,
+    max_batch: Annotated[int | None, typer.Option("--max", help="Upper bound.")] = None,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "rlpulse",
+    attempt: Attempt = 0,
+    reason: Reason = None,
+) -> None:
+    """Scale the rollout batch: new = clamp(round(current * factor), min, max)."""
+    from rlpulse.operator import action
+
+    scale = action("scale_rollout_batch", factor=factor, min=min_batch, max=max_batch)
+    _send_operator_command(run_id, [scale], bootstrap, prefix, attempt, reason)
 
 
 def _load_rules(source: str) -> RuleSet:
