@@ -1,0 +1,48 @@
+"""A built wheel carries every subpackage and data file, and imports from itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_contains_subpackages_and_data(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "-o",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("rlpulse-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for required in (
+        "rlpulse/producers/__init__.py",
+        "rlpulse/rules/presets/seed.yaml",
+        "rlpulse/schemas/avro/TrainerEvent.v1.avsc",
+        "rlpulse/streams/joiner.py",
+        "rlpulse/kafka/pom.xml",
+        "rlpulse/py.typed",
+    ):
+        assert required in names, required
+    unpacked = tmp_path / "unpacked"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import rlpulse.producers, rlpulse.rules, rlpulse.schemas;"
+        "assert rlpulse.producers.__file__.startswith(sys.argv[1]);"
+        "rlpulse.rules.load_preset('seed'); rlpulse.schemas.default_codec()"
+    )
+    subprocess.run([sys.executable, "-c", probe, str(unpacked)], check=True, cwd=tmp_path)
