@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from rlpulse.aggregate import aggregate_command
+from rlpulse.backtest import backtest_command
 from rlpulse.broker import DEFAULT_PORT, LocalBroker
+from rlpulse.cli_rules import rules_app
 from rlpulse.exceptions import RlpulseError
 
 if TYPE_CHECKING:
@@ -28,6 +31,9 @@ control_app = typer.Typer(
     help="Act on a run by hand: publish an operator ControlCommand.", no_args_is_help=True
 )
 app.add_typer(control_app, name="control")
+rules_app.command("backtest")(backtest_command)
+app.add_typer(rules_app, name="rules", help="Check, backtest and publish rules files.")
+app.command("aggregate")(aggregate_command)
 
 err = Console(stderr=True)
 out = Console()

@@ -5,6 +5,10 @@ values: ``mean = fsum(x) / n``, ``var = fsum((x - mean) ** 2) / n`` (population)
 ``std = sqrt(var)``. Any NaN input gives NaN; for ``var``/``std``/``zscore``/``slope``
 any infinite input gives NaN as well; ``sum``/``mean``/``min``/``max`` follow IEEE
 arithmetic for infinities (``inf + -inf`` is NaN).
+
+``math.fsum`` raises where the exact sum of finite values leaves the float range;
+there the sum is +-inf (what IEEE addition gives), and a mean — whose true value is
+representable — is computed as ``fsum(x / n)`` instead.
 """
 
 from __future__ import annotations
@@ -27,17 +31,23 @@ def exact_sum(values: Sequence[float]) -> float:
 
 def exact_mean(values: Sequence[float]) -> float:
     """``fsum(values) / n``; NaN for an empty sequence."""
-    if not values:
+    n = len(values)
+    if not n:
         return NAN
-    return exact_sum(values) / len(values)
+    try:
+        return math.fsum(values) / n
+    except ValueError:
+        return NAN
+    except OverflowError:
+        return math.fsum(v / n for v in values)
 
 
 def exact_var(values: Sequence[float]) -> float:
     """Return the population variance; NaN if empty or if any value is not finite."""
     if not values or not all(math.isfinite(v) for v in values):
         return NAN
-    mean = math.fsum(values) / len(values)
-    return math.fsum((v - mean) ** 2 for v in values) / len(values)
+    mean = exact_mean(values)
+    return exact_sum([(v - mean) * (v - mean) for v in values]) / len(values)
 
 
 def exact_std(values: Sequence[float]) -> float:
@@ -64,12 +74,12 @@ def slope(steps: Sequence[float], values: Sequence[float]) -> float:
     n = len(values)
     if n < 2 or len(steps) != n or not all(math.isfinite(v) for v in values):
         return NAN
-    mean_x = math.fsum(steps) / n
-    mean_y = math.fsum(values) / n
-    sxx = math.fsum((x - mean_x) ** 2 for x in steps)
+    mean_x = exact_mean(steps)
+    mean_y = exact_mean(values)
+    sxx = exact_sum([(x - mean_x) * (x - mean_x) for x in steps])
     if sxx == 0:
         return NAN
-    sxy = math.fsum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values, strict=True))
+    sxy = exact_sum([(x - mean_x) * (y - mean_y) for x, y in zip(steps, values, strict=True)])
     return sxy / sxx
 
 

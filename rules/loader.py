@@ -8,25 +8,60 @@ of the offending node, and names the rule when its id is known.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, get_args
+from types import MappingProxyType
+from typing import Any, Final, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from rlpulse.rules.exceptions import PresetNotFoundError, RuleProblem, RulesFileError
-from rlpulse.rules.model import RuleSet
+from rlpulse.rules.model import RuleSet, choice_hint, closest, format_number
 
 Loc = tuple[int | str, ...]
 
 _PRESET_SUFFIX = ".yaml"
 
+_QUOTE_HINT = " (quote values that start with '>', '|' or '!', e.g. when: \"> 0.5\")"
+_MAX_INPUT_TEXT = 60
+
+# pydantic error type -> what the value must be; the message reads "<path> must be ..., got x"
+_MUST_BE: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "int_type": "an integer",
+        "int_parsing": "an integer",
+        "int_from_float": "an integer",
+        "float_type": "a number",
+        "float_parsing": "a number",
+        "finite_number": "a finite number",
+        "bool_type": "true or false",
+        "bool_parsing": "true or false",
+        "string_type": "a string",
+        "list_type": "a list",
+        "dict_type": "a mapping",
+        "model_type": "a mapping",
+        "model_attributes_type": "a mapping",
+        "string_too_short": "a non-empty string",
+    }
+)
+_BOUNDS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
+    {
+        "greater_than": (">", "gt"),
+        "greater_than_equal": (">=", "ge"),
+        "less_than": ("<", "lt"),
+        "less_than_equal": ("<=", "le"),
+    }
+)
+
 
 def load_rules(path: str | os.PathLike[str]) -> RuleSet:
-    """Read and validate the rules file at ``path``; raises :class:`RulesFileError`."""
+    """Read and validate the rules file at ``path``; raises :class:`RulesFileError`.
+
+    A file that cannot be read raises the ``OSError`` of reading it.
+    """
     raw = Path(path).read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -73,10 +108,13 @@ def parse_rules(text: str, filename: str = "<string>") -> RuleSet:
     try:
         ruleset = RuleSet.model_validate(data)
     except ValidationError as exc:
-        problems += [
-            _validation_problem(error, root, data, filename)
+        errors = [
+            error
             for error in exc.errors(include_url=False)
             if error["type"] != "duplicate_rule_id"  # reported per rule by _duplicate_ids
+        ]
+        problems += [
+            _validation_problem(error, root, data, filename) for error in _without_typos(errors)
         ]
     if problems:
         raise RulesFileError(sorted(problems, key=lambda p: (p.line, p.column)))
@@ -87,12 +125,30 @@ def parse_rules(text: str, filename: str = "<string>") -> RuleSet:
 
 
 def _yaml_problem(exc: yaml.MarkedYAMLError, filename: str) -> RuleProblem:
-    mark = exc.problem_mark or exc.context_mark
+    mark, opened = exc.problem_mark or exc.context_mark, exc.context_mark
     line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-    what = "; ".join(part for part in (exc.context, exc.problem) if part)
-    if exc.context == "while scanning a block scalar":
-        what += " (quote values that start with '>' or '|', e.g. when: \"> 0.5\")"
+    context = exc.context
+    if context and opened is not None and opened.line + 1 != line:
+        context += f" started on line {opened.line + 1}"
+    what = "; ".join(part for part in (context, exc.problem) if part)
+    if exc.context == "while scanning a block scalar" or "constructor for the tag" in what:
+        what += _QUOTE_HINT
     return RuleProblem(filename, line, column, None, f"invalid YAML: {what}")
+
+
+def _without_typos(errors: list[ErrorDetails]) -> list[ErrorDetails]:
+    """Drop "missing key k" when an unknown key of the same mapping is a misspelling of k.
+
+    ``windw: 5`` is one mistake; its "unknown key 'windw'; did you mean 'window'?" says it all.
+    """
+    misspelt: set[Loc] = set()
+    for error in errors:
+        if error["type"] == "extra_forbidden":
+            parent, key = tuple(error["loc"][:-1]), str(error["loc"][-1])
+            intended = closest(key, _allowed_keys(parent) or [])
+            if intended is not None:
+                misspelt.add((*parent, intended))
+    return [e for e in errors if not (e["type"] == "missing" and tuple(e["loc"]) in misspelt)]
 
 
 def _validation_problem(
@@ -107,20 +163,45 @@ def _validation_problem(
         else:
             message = f"unknown key {key!r}"
             if (allowed := _allowed_keys(parent)) is not None:
-                message += f"; expected one of: {', '.join(allowed)}"
+                message += choice_hint(str(key), allowed)
         node = _node_at(root, loc, key_node=True)
         return _problem(filename, node, data, parent, message)
+    return _problem(filename, _node_at(root, loc), data, loc, _message(error, loc))
+
+
+def _message(error: ErrorDetails, loc: Loc) -> str:
+    """Say what is wrong with the value at ``loc``, in words a person writing YAML uses."""
+    kind, ctx = error["type"], error.get("ctx", {})
+    got = _input_text(error["input"])
     if kind == "value_error":
-        message = str(error.get("ctx", {}).get("error", error["msg"]))
-    elif kind in ("too_short", "too_long"):
-        message = error["msg"]
-    else:
-        message = f"{error['msg']}, got {error['input']!r}"
-    return _problem(filename, _node_at(root, loc), data, loc, message)
+        return str(ctx.get("error", error["msg"]))
+    if not loc and kind in ("model_type", "dict_type"):
+        return f"expected a mapping with 'version: 1' and 'rules', got {got}"
+    if kind in _MUST_BE:
+        return f"must be {_MUST_BE[kind]}, got {got}"
+    if kind in _BOUNDS:
+        op, key = _BOUNDS[kind]
+        bound = ctx[key]
+        shown = format_number(bound) if isinstance(bound, float) else str(bound)
+        return f"must be {op} {shown}, got {got}"
+    if kind == "literal_error":
+        return f"must be {ctx['expected']}, got {got}"
+    if kind == "too_short" and ctx.get("min_length") == 1:
+        return "must not be empty"
+    return f"{error['msg']}, got {got}"
+
+
+def _input_text(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_INPUT_TEXT else text[: _MAX_INPUT_TEXT - 3] + "..."
 
 
 def _problem(filename: str, node: yaml.Node, data: Any, loc: Loc, message: str) -> RuleProblem:
-    """Make a problem at ``node``; the message is prefixed with the path of ``loc``."""
+    """Make a problem at ``node``, naming the path of ``loc`` within its rule.
+
+    ``must ...`` messages read as a sentence about the path (``cooldown_steps must be >= 0,
+    got -2``); others follow it after a colon (``when: cannot parse 'x'; ...``).
+    """
     rule_id = None
     path = loc
     if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
@@ -128,7 +209,12 @@ def _problem(filename: str, node: yaml.Node, data: Any, loc: Loc, message: str) 
         path = loc[2:] if rule_id is not None else loc  # no id: say rules[3]
     prefix = _path_text(path)
     mark = node.start_mark
-    text = f"{prefix}: {message}" if prefix else message
+    if not prefix:
+        text = message
+    elif message.startswith("must "):
+        text = f"{prefix} {message}"
+    else:
+        text = f"{prefix}: {message}"
     return RuleProblem(filename, mark.line + 1, mark.column + 1, rule_id, text)
 
 

@@ -4,16 +4,20 @@ A file is ``RuleSet(version=1, rules=[Rule, ...])``. ``Rule.when`` is parsed int
 :data:`Condition`; each action is a one-key mapping (``{stop: {}}``) whose key names an
 entry of :data:`ACTION_TYPES`. ``Rule.version`` fingerprints the normalised definition,
 so a reload keeps the state of unchanged rules only.
+
+The field descriptions are the help editors show: ``rules.schema.json`` is generated from
+these models (:mod:`rlpulse.rules.schema`).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
@@ -26,10 +30,12 @@ from pydantic import (
     PlainValidator,
     StringConstraints,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_serializer,
     model_validator,
 )
+from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
 from rlpulse.schemas.records import ParamValue
@@ -43,6 +49,20 @@ Severity = Literal["info", "warning", "critical"]
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
 
 ZSCORE_MIN_WINDOW: Final = 3
+
+
+def closest(word: str, choices: Sequence[str]) -> str | None:
+    """The one of ``choices`` that ``word`` most likely misspells, if any is close."""
+    close = difflib.get_close_matches(word, choices, n=1)
+    return close[0] if close else None
+
+
+def choice_hint(word: str, choices: Sequence[str]) -> str:
+    """``; did you mean 'x'?`` for a near miss of one of ``choices``, else the choices."""
+    intended = closest(word, choices)
+    if intended is not None:
+        return f"; did you mean {intended!r}?"
+    return f"; expected one of: {', '.join(choices)}"
 
 
 def format_number(value: float) -> str:
@@ -64,9 +84,13 @@ _COMPARE: Final[Mapping[str, Callable[[float, float], bool]]] = MappingProxyType
     }
 )
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
-_COMPARISON_RE = re.compile(rf"\s*(>=|<=|==|!=|>|<)\s*({_NUMBER})\s*")
-_OUTSIDE_RE = re.compile(rf"\s*outside\s*\[\s*({_NUMBER})\s*,\s*({_NUMBER})\s*\]\s*")
+_COMPARISON = rf"(>=|<=|==|!=|>|<)\s*({_NUMBER})"
+_OUTSIDE = rf"outside\s*\[\s*({_NUMBER})\s*,\s*({_NUMBER})\s*\]"
 _NON_FINITE = "non_finite"
+_COMPARISON_RE = re.compile(rf"\s*{_COMPARISON}\s*")
+_OUTSIDE_RE = re.compile(rf"\s*{_OUTSIDE}\s*")
+WHEN_PATTERN: Final = rf"^\s*(?:{_COMPARISON}|{_OUTSIDE}|{_NON_FINITE})\s*$"
+"""The syntax of ``when`` as a regular expression (for the JSON Schema; ``a <= b`` unchecked)."""
 _WHEN_SYNTAX = (
     "expected '<op> <number>' with op one of > >= < <= == != (e.g. '> 0.5'), "
     "'outside [a, b]' or 'non_finite'"
@@ -148,7 +172,18 @@ def _validate_when(value: object) -> Condition:
     return parse_condition(value)
 
 
-When = Annotated[Condition, PlainValidator(_validate_when), PlainSerializer(str, return_type=str)]
+When = Annotated[
+    Condition,
+    PlainValidator(_validate_when),
+    PlainSerializer(str, return_type=str),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": WHEN_PATTERN,
+            "examples": ["> 0.3", "<= 0.05", "== 0", "outside [-1, 1]", "non_finite"],
+        }
+    ),
+]
 
 
 def _validate_metric(value: object) -> str | list[str]:
@@ -166,7 +201,39 @@ def _validate_metric(value: object) -> str | list[str]:
     )
 
 
-MetricNames = Annotated[str | list[str], PlainValidator(_validate_metric)]
+MetricNames = Annotated[
+    str | list[str],
+    PlainValidator(_validate_metric),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {
+                    "type": "array",
+                    "items": {"type": "string", "minLength": 1},
+                    "minItems": 1,
+                    "uniqueItems": True,
+                },
+            ],
+            "examples": ["kl_divergence", ["critic/score/mean", "critic/rewards/mean"]],
+        }
+    ),
+]
+
+
+def _validate_scalar(value: object) -> ParamValue:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    raise ValueError(f"must be a string, a finite number, true, false or null, got {value!r}")
+
+
+Scalar = Annotated[
+    ParamValue,
+    PlainValidator(_validate_scalar),
+    WithJsonSchema({"type": ["string", "number", "boolean", "null"]}),
+]
 
 
 # -- models ----------------------------------------------------------------------------------
@@ -178,27 +245,65 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+_SAME_VALUE = "a window of 1 is the value itself: leave out over_steps"
+_WINDOW_MINIMUM: Final[Mapping[str, tuple[int, str]]] = MappingProxyType(
+    {
+        "mean": (2, _SAME_VALUE),
+        "min": (2, _SAME_VALUE),
+        "max": (2, _SAME_VALUE),
+        "std": (2, "a spread needs at least 2 values"),
+        "var": (2, "a spread needs at least 2 values"),
+        "delta": (2, "last - first needs 2 values"),
+        "slope": (2, "a slope needs at least 2 points"),
+        "zscore": (ZSCORE_MIN_WINDOW, "a mean and std of the previous values"),
+    }
+)
+"""Smallest ``over_steps.window`` of each statistic, and why."""
+
+
 class OverSteps(_Model):
     """``over_steps``: a statistic over the last ``window`` evaluations of the value."""
 
-    stat: WindowStat
-    window: int = Field(ge=2)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"stat": {"const": "zscore"}}, "required": ["stat"]},
+            "then": {"properties": {"window": {"minimum": ZSCORE_MIN_WINDOW}}},
+        }
+    )
+
+    stat: WindowStat = Field(
+        description=(
+            "The statistic compared: mean, std, var (population), min, max, delta (last - "
+            "first), slope (least squares against the step number) or zscore ((last - mean "
+            "of the previous window-1) / their std)."
+        )
+    )
+    window: int = Field(
+        description=(
+            "How many evaluations (summaries that carried the metric) the statistic covers; "
+            "it is evaluated only once the window is full. At least 2, 3 for zscore."
+        ),
+        json_schema_extra={"minimum": 2},
+    )
 
     @field_validator("window")
     @classmethod
-    def _zscore_window(cls, window: int, info: ValidationInfo) -> int:
-        if info.data.get("stat") == "zscore" and window < ZSCORE_MIN_WINDOW:
-            raise ValueError(
-                f"zscore needs window >= {ZSCORE_MIN_WINDOW} (a mean and std of the previous "
-                f"values), got {window}"
-            )
+    def _window_fits_stat(cls, window: int, info: ValidationInfo) -> int:
+        stat = info.data.get("stat")
+        minimum, why = _WINDOW_MINIMUM.get(stat, (2, "")) if isinstance(stat, str) else (2, "")
+        if window < minimum:
+            reason = f" for stat {stat!r} ({why})" if why else ""
+            raise ValueError(f"must be >= {minimum}{reason}, got {window}")
         return window
 
 
 class Match(_Model):
     """``match``: the rule applies only to runs whose tags include all of these."""
 
-    tags: dict[str, str] = Field(default_factory=dict)
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="Tag name -> value; the rule applies to a run only if it has every one.",
+    )
 
 
 class ActionParams(_Model):
@@ -216,15 +321,22 @@ class StopParams(ActionParams):
 class CheckpointParams(ActionParams):
     """``checkpoint: {tag: ...}``: save a checkpoint, optionally tagged."""
 
-    tag: NonEmptyStr | None = None
+    tag: NonEmptyStr | None = Field(
+        default=None, description="Label of the checkpoint (e.g. kl_violation), for people."
+    )
 
 
 class ScaleRolloutBatchParams(ActionParams):
     """``scale_rollout_batch``: new = clamp(round(current * factor), min, max)."""
 
-    factor: float = Field(gt=0, allow_inf_nan=False)
-    min: int | None = Field(default=None, ge=1)
-    max: int | None = Field(default=None, ge=1)
+    factor: float = Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="Multiplier of the rollout batch size: new = clamp(round(current * factor), "
+        "min, max).",
+    )
+    min: int | None = Field(default=None, ge=1, description="Smallest batch size to go to.")
+    max: int | None = Field(default=None, ge=1, description="Largest batch size to go to.")
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> ScaleRolloutBatchParams:
@@ -236,8 +348,10 @@ class ScaleRolloutBatchParams(ActionParams):
 class SetParams(ActionParams):
     """``set: {key, value}``: set a trainer setting to a scalar (``null`` included)."""
 
-    key: NonEmptyStr
-    value: ParamValue
+    key: NonEmptyStr = Field(
+        description="Name of the setting, as the trainer's integration knows it."
+    )
+    value: Scalar = Field(description="New value: a string, a finite number, true, false or null.")
 
     def wire_params(self) -> dict[str, ParamValue]:
         """``key`` and ``value``, even when ``value`` is null."""
@@ -247,8 +361,10 @@ class SetParams(ActionParams):
 class AlertParams(ActionParams):
     """``alert: {severity, message}``: tell a person; the trainer carries on."""
 
-    severity: Severity
-    message: NonEmptyStr
+    severity: Severity = Field(description="info, warning or critical.")
+    message: NonEmptyStr = Field(
+        description="What a person should know or do; the command's reason adds the evidence."
+    )
 
 
 ACTION_TYPES: Final[Mapping[str, type[ActionParams]]] = MappingProxyType(
@@ -263,17 +379,38 @@ ACTION_TYPES: Final[Mapping[str, type[ActionParams]]] = MappingProxyType(
 """The registry of action types: name in the rules file -> model of its parameters."""
 
 
+def _one_key_schema(schema: JsonDict) -> None:
+    """An action object holds exactly one of the properties; their absence is no default."""
+    schema["minProperties"] = schema["maxProperties"] = 1
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        for prop in properties.values():
+            if isinstance(prop, dict):
+                prop.pop("default", None)
+
+
 class ActionSpec(_Model):
     """One action of a rule, written as a one-key mapping ``{type: params}``.
 
     Exactly one field is set; :attr:`type` names it and :attr:`params` holds its value.
     """
 
-    stop: StopParams | None = None
-    checkpoint: CheckpointParams | None = None
-    scale_rollout_batch: ScaleRolloutBatchParams | None = None
-    set: SetParams | None = None
-    alert: AlertParams | None = None
+    model_config = ConfigDict(
+        json_schema_extra=_one_key_schema,
+        title="Action",
+    )
+
+    stop: StopParams | None = Field(
+        default=None, description="End the run attempt; nothing is issued for it afterwards."
+    )
+    checkpoint: CheckpointParams | None = Field(default=None, description="Save a checkpoint.")
+    scale_rollout_batch: ScaleRolloutBatchParams | None = Field(
+        default=None, description="Scale the rollout batch size, within [min, max]."
+    )
+    set: SetParams | None = Field(default=None, description="Set a trainer setting to a value.")
+    alert: AlertParams | None = Field(
+        default=None, description="Tell a person; the trainer carries on."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -287,7 +424,9 @@ class ActionSpec(_Model):
             )
         ((name, params),) = data.items()
         if name not in ACTION_TYPES:
-            raise ValueError(f"unknown action {name!r}; expected one of: {', '.join(ACTION_TYPES)}")
+            raise ValueError(
+                f"unknown action {name!r}" + choice_hint(str(name), list(ACTION_TYPES))
+            )
         return {name: {} if params is None else params}
 
     @property
@@ -306,22 +445,86 @@ class ActionSpec(_Model):
         return {self.type: self.params.model_dump()}
 
 
+_ORDERED_OPS: Final = (">", ">=", "<", "<=")
+
+
 class Rule(_Model):
     """One rule: which value to watch, when it is bad, and what to do about it."""
 
-    id: NonEmptyStr
-    description: str | None = None
-    metric: MetricNames
-    stage: NonEmptyStr | None = None
-    across_ranks: AcrossRanks = "mean"
-    over_steps: OverSteps | None = None
-    when: When
-    for_steps: int = Field(default=1, ge=1)
-    cooldown_steps: int = Field(default=0, ge=0)
-    once: bool = False
-    mode: Mode = "enforce"
-    match: Match | None = None
-    actions: list[ActionSpec] = Field(min_length=1)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"across_ranks": {"const": "worst"}},
+                "required": ["across_ranks"],
+            },
+            "then": {"properties": {"when": {"pattern": r"^\s*(?:>=|<=|>|<)"}}},
+        }
+    )
+
+    id: NonEmptyStr = Field(
+        description="Name of the rule, unique in the file; its commands and state carry it."
+    )
+    description: str | None = Field(default=None, description="Free text for people.")
+    metric: MetricNames = Field(
+        description=(
+            "The metric to watch: a name, or a list of aliases (names trainers or versions "
+            "use for the same quantity). A list binds, per run attempt and stage, to the first "
+            "name present in the first summary that carries any of them."
+        )
+    )
+    stage: NonEmptyStr | None = Field(
+        default=None,
+        description=(
+            "Stage to watch (rollout, actor, trainer, ...). Absent: every stage, each with its "
+            "own state. verl, TRL and OpenRLHF integrations publish as stage 'trainer'."
+        ),
+    )
+    across_ranks: AcrossRanks = Field(
+        default="mean",
+        description=(
+            "How a step's per-rank values become one value: mean (default), min, max, sum, "
+            "std, or worst (max for > and >=, min for < and <=; only with those conditions)."
+        ),
+    )
+    over_steps: OverSteps | None = Field(
+        default=None,
+        description=(
+            "Compare a statistic of the last `window` values instead of the step's value; "
+            "not evaluated until the window is full."
+        ),
+    )
+    when: When = Field(
+        description=(
+            "When the value is bad: '<op> <number>' with op one of > >= < <= == != (quote it "
+            "in YAML: when: \"> 0.3\"), 'outside [a, b]', or 'non_finite' (NaN or infinite). "
+            "Comparisons with NaN are false."
+        )
+    )
+    for_steps: int = Field(
+        default=1,
+        ge=1,
+        description="Consecutive evaluations the condition must hold before the rule fires.",
+    )
+    cooldown_steps: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Evaluations after a firing during which the rule does not fire again; it keeps "
+            "counting meanwhile and fires at the first qualifying evaluation after."
+        ),
+    )
+    once: bool = Field(default=False, description="Fire at most once per run attempt.")
+    mode: Mode = Field(
+        default="enforce",
+        description="enforce, or dry_run: commands are published marked dry-run, never applied.",
+    )
+    match: Match | None = Field(
+        default=None, description="Apply the rule only to runs with these tags."
+    )
+    actions: list[ActionSpec] = Field(
+        min_length=1,
+        description="What to do when the rule fires, in this order; stop, if present, comes last.",
+    )
 
     @field_validator("id")
     @classmethod
@@ -334,12 +537,24 @@ class Rule(_Model):
     @classmethod
     def _worst_needs_an_order(cls, when: Condition, info: ValidationInfo) -> Condition:
         if info.data.get("across_ranks") == "worst" and not (
-            isinstance(when, Comparison) and when.op in (">", ">=", "<", "<=")
+            isinstance(when, Comparison) and when.op in _ORDERED_OPS
         ):
             raise ValueError(
                 f"across_ranks 'worst' needs a >, >=, < or <= condition, got {str(when)!r}"
             )
         return when
+
+    @field_validator("actions")
+    @classmethod
+    def _stop_comes_last(cls, actions: list[ActionSpec]) -> list[ActionSpec]:
+        for index, action in enumerate(actions[:-1]):
+            if action.type == "stop":
+                after = actions[index + 1].type
+                raise ValueError(
+                    f"stop must be the last action: actions[{index + 1}] ({after}) after it "
+                    f"would never run"
+                )
+        return actions
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -361,8 +576,8 @@ class Rule(_Model):
 class RuleSet(_Model):
     """A whole rules file: ``version: 1`` and the rules, evaluated in file order."""
 
-    version: Literal[1]
-    rules: list[Rule]
+    version: Literal[1] = Field(description="Format of the rules file: 1.")
+    rules: list[Rule] = Field(description="The rules, evaluated in file order.")
 
     @field_validator("rules")
     @classmethod

@@ -69,7 +69,7 @@ def test_every_preset_loads() -> None:
 
 
 def test_unknown_preset() -> None:
-    with pytest.raises(PresetNotFoundError, match="available: seed") as caught:
+    with pytest.raises(PresetNotFoundError, match="available: openrlhf, seed, trl, verl") as caught:
         load_preset("nope")
     assert isinstance(caught.value, LookupError)
     assert isinstance(caught.value, RulesError)
@@ -126,67 +126,124 @@ def test_conditions_parse(text: str, condition: object) -> None:
     assert parse_condition(text) == condition
 
 
-# -- bad files -------------------------------------------------------------------------------
+# -- bad files: tests/fixtures/rules/*.bad.yaml ---------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "rules"
+WHEN_SYNTAX = (
+    "expected '<op> <number>' with op one of > >= < <= == != (e.g. '> 0.5'), "
+    "'outside [a, b]' or 'non_finite'"
+)
+QUOTE_HINT = "(quote values that start with '>', '|' or '!', e.g. when: \"> 0.5\")"
+ACTIONS = "expected one of: stop, checkpoint, scale_rollout_batch, set, alert"
+RULE_KEYS = (
+    "expected one of: across_ranks, actions, cooldown_steps, description, for_steps, id, "
+    "match, metric, mode, once, over_steps, stage, when"
+)
+
+# Every *.bad.yaml fixture -> its problems, exactly as reported after "<file>:".
+EXPECTED_PROBLEMS: dict[str, list[str]] = {
+    "bad-yaml.bad.yaml": [
+        "9:3: invalid YAML: while parsing a flow sequence started on line 8; "
+        "expected ',' or ']', but got '-'"
+    ],
+    "unquoted-when.bad.yaml": [
+        "6:13: invalid YAML: while scanning a block scalar; expected a comment or a line "
+        f"break, but found '0' {QUOTE_HINT}"
+    ],
+    "unquoted-not-equal.bad.yaml": [
+        f"7:11: invalid YAML: could not determine a constructor for the tag '!=' {QUOTE_HINT}"
+    ],
+    "unknown-key.bad.yaml": [
+        "9:5: [unstable-reward] unknown key 'cooldown'; did you mean 'cooldown_steps'?"
+    ],
+    "wrong-type.bad.yaml": ["7:16: [kl-guard] for_steps must be an integer, got 'three'"],
+    "unknown-action.bad.yaml": [
+        f"10:9: [kl-guard] actions[1]: unknown action 'restart'; {ACTIONS}"
+    ],
+    "bad-when.bad.yaml": [f"6:11: [kl-band] when: cannot parse '> 0.1 and < 0.3'; {WHEN_SYNTAX}"],
+    "std-window.bad.yaml": [
+        "6:37: [reward-noise] over_steps.window must be >= 2 for stat 'std' "
+        "(a spread needs at least 2 values), got 1"
+    ],
+    "var-window.bad.yaml": [
+        "8:15: [unstable-reward] over_steps.window must be >= 2 for stat 'var' "
+        "(a spread needs at least 2 values), got 1"
+    ],
+    "worst-equals.bad.yaml": [
+        "7:11: [rank-dead] when: across_ranks 'worst' needs a >, >=, < or <= condition, got '== 0'"
+    ],
+    "negative-cooldown.bad.yaml": ["8:21: [unstable-reward] cooldown_steps must be >= 0, got -2"],
+    "duplicate-id.bad.yaml": [
+        "10:9: [kl-guard] id: duplicate rule id 'kl-guard' (first defined on line 4)"
+    ],
+    "stop-not-last.bad.yaml": [
+        "8:14: [kl-guard] actions: stop must be the last action: actions[1] (checkpoint) "
+        "after it would never run"
+    ],
+    "many-problems.bad.yaml": [
+        f"7:5: [unknown-key] unknown key 'treshold'; {RULE_KEYS}",
+        "13:11: [wrong-type] once must be true or false, got 'yes'",
+        f"19:15: [unknown-action] actions[0]: unknown action 'restart'; {ACTIONS}",
+        f"23:11: [bad-when] when: cannot parse '> one'; {WHEN_SYNTAX}",
+        "28:26: [short-std-window] over_steps.window must be >= 2 for stat 'std' "
+        "(a spread needs at least 2 values), got 1",
+        "35:11: [worst-equals] when: across_ranks 'worst' needs a >, >=, < or <= "
+        "condition, got '== 1'",
+        "41:21: [negative-cooldown] cooldown_steps must be >= 0, got -2",
+        "44:9: [unknown-key] id: duplicate rule id 'unknown-key' (first defined on line 4)",
+    ],
+}
+
+
+def test_every_bad_fixture_has_its_expected_problems() -> None:
+    assert sorted(path.name for path in FIXTURES.glob("*.bad.yaml")) == sorted(EXPECTED_PROBLEMS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_PROBLEMS))
+def test_bad_fixture(name: str) -> None:
+    path = FIXTURES / name
+    with pytest.raises(RulesFileError) as caught:
+        load_rules(path)
+    assert [str(p).removeprefix(f"{path}:") for p in caught.value.problems] == (
+        EXPECTED_PROBLEMS[name]
+    )
+    assert all(p.file == str(path) for p in caught.value.problems)
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.good.yaml")), ids=lambda p: p.name)
+def test_good_fixture(path: Path) -> None:
+    assert load_rules(path).rules
+
+
+def test_every_feature_fixture_reads_as_written() -> None:
+    ruleset = load_rules(FIXTURES / "every-feature.good.yaml")
+    first, straggler, drift, nan = ruleset.rules
+    assert first.metrics == ("reward_mean", "critic/score/mean", "reward")
+    assert first.match is not None and first.match.tags == {"team": "post-training"}
+    assert [a.type for a in first.actions] == ["scale_rollout_batch", "set", "alert"]
+    assert straggler.across_ranks == "worst" and straggler.mode == "dry_run"
+    assert drift.when == Outside(-4.0, 4.0)
+    assert nan.when == NonFinite() and nan.actions[-1].type == "stop"  # `stop:` (null) is {}
+
+
+# -- bad files: details ----------------------------------------------------------------------
 
 # (name, file, expected problems as "line:column: [rule id] message")
 BAD_FILES = [
     (
-        "unknown key",
+        "typo of a required key is one problem",
         """version: 1
 rules:
   - id: a
-    metric: m
+    metrc: m
     when: "> 1"
-    treshold: 2
+    over_steps: {windw: 5, stat: var}
     actions: [{stop: {}}]
 """,
         [
-            "6:5: [a] unknown key 'treshold'; expected one of: across_ranks, actions, "
-            "cooldown_steps, description, for_steps, id, match, metric, mode, once, over_steps, "
-            "stage, when"
+            "4:5: [a] unknown key 'metrc'; did you mean 'metric'?",
+            "6:18: [a] over_steps: unknown key 'windw'; did you mean 'window'?",
         ],
-    ),
-    (
-        "unknown action",
-        """version: 1
-rules:
-  - id: a
-    metric: m
-    when: "> 1"
-    actions:
-      - stop: {}
-      - restart: {}
-""",
-        [
-            "8:9: [a] actions[1]: unknown action 'restart'; expected one of: stop, checkpoint, "
-            "scale_rollout_batch, set, alert"
-        ],
-    ),
-    (
-        "bad when",
-        """version: 1
-rules:
-  - id: a
-    metric: m
-    when: "above 1"
-    actions: [{stop: {}}]
-""",
-        [
-            "5:11: [a] when: cannot parse 'above 1'; expected '<op> <number>' with op one of "
-            "> >= < <= == != (e.g. '> 0.5'), 'outside [a, b]' or 'non_finite'"
-        ],
-    ),
-    (
-        "window < 2 for std",
-        """version: 1
-rules:
-  - id: a
-    metric: m
-    over_steps: {window: 1, stat: std}
-    when: "> 1"
-    actions: [{stop: {}}]
-""",
-        ["5:26: [a] over_steps.window: Input should be greater than or equal to 2, got 1"],
     ),
     (
         "zscore needs window 3",
@@ -201,36 +258,24 @@ rules:
     actions: [{stop: {}}]
 """,
         [
-            "7:15: [a] over_steps.window: zscore needs window >= 3 (a mean and std of the "
+            "7:15: [a] over_steps.window must be >= 3 for stat 'zscore' (a mean and std of the "
             "previous values), got 2"
         ],
     ),
     (
-        "duplicate id",
+        "mean over one value",
         """version: 1
 rules:
   - id: a
     metric: m
-    when: "> 1"
-    actions: [{stop: {}}]
-  - id: a
-    metric: n
+    over_steps: {window: 0, stat: mean}
     when: "> 1"
     actions: [{stop: {}}]
 """,
-        ["7:9: [a] id: duplicate rule id 'a' (first defined on line 3)"],
-    ),
-    (
-        "worst with ==",
-        """version: 1
-rules:
-  - id: a
-    metric: m
-    across_ranks: worst
-    when: "== 1"
-    actions: [{stop: {}}]
-""",
-        ["6:11: [a] when: across_ranks 'worst' needs a >, >=, < or <= condition, got '== 1'"],
+        [
+            "5:26: [a] over_steps.window must be >= 2 for stat 'mean' (a window of 1 is the "
+            "value itself: leave out over_steps), got 0"
+        ],
     ),
     (
         "outside with a > b",
@@ -244,17 +289,28 @@ rules:
         ["5:11: [a] when: 'outside [a, b]' needs a <= b, got 'outside [2, 1]'"],
     ),
     (
-        "unquoted when",
+        "when is not a string",
         """version: 1
 rules:
   - id: a
     metric: m
-    when: > 1
+    when: 0.5
+    actions: [{stop: {}}]
+""",
+        [f"5:11: [a] when must be a string (quote it in YAML), got 0.5; {WHEN_SYNTAX}"],
+    ),
+    (
+        "metric aliases repeat a name",
+        """version: 1
+rules:
+  - id: a
+    metric: [kl, kl]
+    when: "> 1"
+    actions: [{stop: {}}]
 """,
         [
-            "5:13: invalid YAML: while scanning a block scalar; expected a comment or a line "
-            "break, but found '1' (quote values that start with '>' or '|', e.g. "
-            'when: "> 0.5")'
+            "4:13: [a] metric must be a metric name or a non-empty list of distinct names "
+            "(aliases), got ['kl', 'kl']"
         ],
     ),
     (
@@ -278,29 +334,81 @@ rules:
     actions:
       - scale_rollout_batch: {factor: 0, max: 2.5}
       - alert: {severity: loud, message: hi}
+      - set: {key: lr, value: [1, 2]}
+      - checkpoint: {tags: x}
 """,
         [
             "3:5: rules[0]: missing required key 'id'",
-            "6:39: rules[0].actions[0].scale_rollout_batch.factor: "
-            "Input should be greater than 0, got 0",
-            "6:47: rules[0].actions[0].scale_rollout_batch.max: "
-            "Input should be a valid integer, got 2.5",
-            "7:27: rules[0].actions[1].alert.severity: "
-            "Input should be 'info', 'warning' or 'critical', got 'loud'",
+            "6:39: rules[0].actions[0].scale_rollout_batch.factor must be > 0, got 0",
+            "6:47: rules[0].actions[0].scale_rollout_batch.max must be an integer, got 2.5",
+            "7:27: rules[0].actions[1].alert.severity must be 'info', 'warning' or "
+            "'critical', got 'loud'",
+            "8:31: rules[0].actions[2].set.value must be a string, a finite number, true, false "
+            "or null, got [1, 2]",
+            "9:22: rules[0].actions[3].checkpoint: unknown key 'tags'; did you mean 'tag'?",
         ],
     ),
     (
-        "wrong version, empty actions",
-        """version: 2
+        "an action that is not a one-key mapping",
+        """version: 1
 rules:
   - id: a
     metric: m
     when: "> 1"
+    actions: [stop, {checkpoint: {}, stop: {}}]
+""",
+        [
+            "6:15: [a] actions[0]: an action is a one-key mapping such as {stop: {}} or "
+            "{checkpoint: {tag: best}}, got 'stop'",
+            "6:21: [a] actions[1]: an action is a one-key mapping such as {stop: {}} or "
+            "{checkpoint: {tag: best}}, got {'checkpoint': {}, 'stop': {}}",
+        ],
+    ),
+    (
+        "wrong version, empty actions, misspelt enum",
+        """version: 2
+rules:
+  - id: a
+    metric: m
+    across_ranks: median
+    when: "> 1"
     actions: []
 """,
         [
-            "1:10: version: Input should be 1, got 2",
-            "6:14: [a] actions: List should have at least 1 item after validation, not 0",
+            "1:10: version must be 1, got 2",
+            "5:19: [a] across_ranks must be 'mean', 'min', 'max', 'sum', 'std' or 'worst', "
+            "got 'median'",
+            "7:14: [a] actions must not be empty",
+        ],
+    ),
+    (
+        "rules that are not mappings",
+        """version: 1
+rules: [kl-guard, null]
+""",
+        [
+            "2:9: rules[0] must be a mapping, got 'kl-guard'",
+            "2:19: rules[1] must be a mapping, got None",
+        ],
+    ),
+    (
+        "not a mapping at all",
+        "- version: 1\n",
+        ["1:1: expected a mapping with 'version: 1' and 'rules', got [{'version': 1}]"],
+    ),
+    (
+        "a long value is shortened",
+        """version: 1
+rules:
+  - id: a
+    metric: m
+    when: "> 1"
+    stage: {name: rollout, ranks: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]}
+    actions: [{stop: {}}]
+""",
+        [
+            "6:12: [a] stage must be a string, got {'name': 'rollout', 'ranks': [0, 1, 2, 3, "
+            "4, 5, 6, 7, 8, ..."
         ],
     ),
     ("empty file", "", ["1:1: empty file; expected 'version: 1' and 'rules'"]),
@@ -314,55 +422,12 @@ def test_bad_file(text: str, expected: list[str]) -> None:
     assert [str(p).removeprefix("bad.yaml:") for p in problems(text)] == expected
 
 
-def test_all_problems_are_reported_at_once() -> None:
-    text = """version: 1
-rules:
-  - id: unknown-key
-    metric: m
-    when: "> 1"
-    treshold: 2
-    actions: [{stop: {}}]
-  - id: unknown-action
-    metric: m
-    when: "> 1"
-    actions: [{restart: {}}]
-  - id: bad-when
-    metric: m
-    when: "> one"
-    actions: [{stop: {}}]
-  - id: short-window
-    metric: m
-    over_steps: {window: 1, stat: std}
-    when: "> 1"
-    actions: [{stop: {}}]
-  - id: unknown-key
-    metric: m
-    when: "> 1"
-    actions: [{stop: {}}]
-  - id: worst
-    metric: m
-    across_ranks: worst
-    when: "== 1"
-    actions: [{stop: {}}]
-"""
+def test_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("version: 1\n# caf\xe9\n".encode("latin-1"))
     with pytest.raises(RulesFileError) as caught:
-        parse_rules(text, "rules.yaml")
-    found = [(p.line, p.rule_id, p.message.split(":")[0]) for p in caught.value.problems]
-    assert found == [
-        (6, "unknown-key", "unknown key 'treshold'; expected one of"),
-        (11, "unknown-action", "actions[0]"),
-        (14, "bad-when", "when"),
-        (18, "short-window", "over_steps.window"),
-        (21, "unknown-key", "id"),
-        (28, "worst", "when"),
-    ]
-    lines = str(caught.value).splitlines()
-    assert len(lines) == 6
-    assert lines[0].startswith("rules.yaml:6:5: [unknown-key] unknown key 'treshold'")
-    assert lines[5] == (
-        "rules.yaml:28:11: [worst] when: across_ranks 'worst' needs a >, >=, < or <= "
-        "condition, got '== 1'"
-    )
+        load_rules(path)
+    assert str(caught.value) == f"{path}:1:1: not UTF-8 text: invalid continuation byte"
 
 
 def test_rules_file_error_is_a_rules_error_and_a_value_error() -> None:
@@ -371,5 +436,5 @@ def test_rules_file_error_is_a_rules_error_and_a_value_error() -> None:
     assert isinstance(caught.value, RulesError)
     assert isinstance(caught.value, ValueError)
     assert caught.value.problems == [
-        RuleProblem("<string>", 2, 8, None, "rules: Input should be a valid list, got 3")
+        RuleProblem("<string>", 2, 8, None, "rules must be a list, got 3")
     ]

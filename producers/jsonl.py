@@ -1,0 +1,400 @@
+"""The per-rank JSON Lines layout ``logs/<component>_rank<N>.jsonl``: writer and reader.
+
+One file per (component, rank), one JSON object per line, metrics at the top level next to
+the line's bookkeeping fields::
+
+    {"stage":"rollout","step":120,"rank":0,"reward_mean":2.41,"kl_divergence":0.182,
+     "timestamp_ns":1718000000000000000,"hostname":"node0"}
+
+Non-finite values are written as Python's :mod:`json` writes them (``NaN``, ``Infinity``,
+``-Infinity``) and read back the same way. The world size of a component is the number of
+its rank files. Reading a line: the names of :class:`~rlpulse.schemas.records.TrainerEvent`
+fields (``stage``, ``step``, ``rank``, ``timestamp_ns``, ``hostname``, ``pid``,
+``attempt``, ...) are bookkeeping; every other key with a number value is a metric (the
+layout cannot tell a numeric extra field from a metric); anything else is kept in
+:attr:`RankRecord.fields` only.
+
+A line that cannot be read is not skipped silently: readers yield a :class:`MalformedLine`
+with its file and line number in its place. Trainer side: stdlib and ``rlpulse.schemas``
+only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypeGuard
+
+from rlpulse.schemas.records import TrainerEvent
+
+__all__ = [
+    "EVENT_FIELDS",
+    "MalformedLine",
+    "RankFile",
+    "RankLogWriter",
+    "RankRecord",
+    "list_rank_files",
+    "number_fields",
+    "rank_log_path",
+    "read_json_lines",
+    "read_rank_file",
+    "read_rank_logs",
+    "world_sizes",
+]
+
+EVENT_FIELDS: Final = frozenset(TrainerEvent.__required_keys__ | TrainerEvent.__optional_keys__)
+"""Names that are never metrics in a per-rank line: the fields of a TrainerEvent."""
+
+_RANK_FILE = re.compile(r"(?P<component>.+)_rank(?P<rank>\d+)\.jsonl")
+_SHOWN_CHARS = 120  # of a malformed line, in its report
+
+
+@dataclass(frozen=True)
+class MalformedLine:
+    """A line that could not be read: where it is, why, and (the start of) its text."""
+
+    path: Path
+    line: int
+    reason: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+def read_json_lines(
+    path: str | os.PathLike[str],
+) -> Iterator[tuple[int, dict[str, Any]] | MalformedLine]:
+    """Yield ``(line number, object)`` per line, or a :class:`MalformedLine` in its place.
+
+    A line is malformed when it is not UTF-8, not JSON, or not a JSON object. Blank lines
+    (nothing but whitespace) carry no data and are skipped.
+    """
+    where = Path(path)
+    with where.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                shown = raw[:_SHOWN_CHARS].decode("utf-8", "replace").rstrip()
+                yield MalformedLine(where, number, f"not UTF-8 text ({exc.reason})", shown)
+                continue
+            try:
+                value = json.loads(text.strip())
+            except (ValueError, RecursionError) as exc:
+                reason = f"not JSON ({exc})" if isinstance(exc, ValueError) else "nested too deep"
+                yield MalformedLine(where, number, reason, text[:_SHOWN_CHARS].rstrip())
+                continue
+            if not isinstance(value, dict):
+                reason = f"expected a JSON object, got {type(value).__name__}"
+                yield MalformedLine(where, number, reason, text[:_SHOWN_CHARS].rstrip())
+                continue
+            yield number, value
+
+
+# -- layout ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """One file of the layout: ``<directory>/<component>_rank<rank>.jsonl``."""
+
+    path: Path
+    component: str
+    rank: int
+
+
+def rank_log_path(directory: str | os.PathLike[str], component: str, rank: int) -> Path:
+    """Path of the file of ``component`` and ``rank`` under ``directory``."""
+    return Path(directory) / f"{component}_rank{rank}.jsonl"
+
+
+def list_rank_files(directory: str | os.PathLike[str]) -> list[RankFile]:
+    """The rank files directly under ``directory``, sorted by component, then rank.
+
+    Other files are ignored. Raises ``ValueError`` when two files name the same component
+    and rank (``x_rank1.jsonl`` and ``x_rank01.jsonl``), and ``NotADirectoryError`` when
+    ``directory`` is not one.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root} is not a directory")
+    files: dict[tuple[str, int], RankFile] = {}
+    for path in sorted(root.iterdir()):
+        found = _RANK_FILE.fullmatch(path.name)
+        if found is None or not path.is_file():
+            continue
+        key = (found["component"], int(found["rank"]))
+        if key in files:
+            raise ValueError(
+                f"{files[key].path.name} and {path.name} are both rank {key[1]} of {key[0]!r}"
+            )
+        files[key] = RankFile(path, *key)
+    return [files[key] for key in sorted(files)]
+
+
+def world_sizes(files: Iterable[RankFile]) -> dict[str, int]:
+    """World size of each component: the number of its rank files."""
+    return dict(Counter(file.component for file in files))
+
+
+# -- writer ----------------------------------------------------------------------------------
+
+
+class RankLogWriter:
+    """Appends this rank's lines to ``<directory>/<component>_rank<rank>.jsonl``.
+
+    The file (and ``directory``) is created at construction, so the rank counts towards the
+    component's world size even before its first line. Lines are written whole and the file
+    is line-buffered: each line reaches the OS when :meth:`write` returns. Thread-safe.
+
+    Write all metrics of one (stage, step) in one call: a reader without an ``attempt``
+    field reads a step at or below the last one of the same stage and rank as the start of
+    a resumed attempt (DESIGN.md, "Attempts").
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        component: str,
+        rank: int,
+        *,
+        hostname: str | None = None,
+    ) -> None:
+        if not isinstance(component, str) or not component or "/" in component or "\\" in component:
+            raise ValueError(f"component must be a non-empty name without '/', got {component!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+        self.component = component
+        self.rank = rank
+        self.hostname = socket.gethostname() if hostname is None else hostname
+        self.path = rank_log_path(directory, component, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._file = self.path.open("a", encoding="utf-8", buffering=1)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._file.closed
+
+    def write(self, step: int, stage: str, metrics: Mapping[str, float], **extra: Any) -> None:
+        """Append one line: ``stage``, ``step``, ``rank``, the metrics, then the extras.
+
+        ``timestamp_ns`` (default: now) and ``hostname`` (default: the writer's) may be
+        given in ``extra``; other extras are written as they are (JSON-serialisable values;
+        ``attempt=N`` spares readers inferring the attempt). Metric values are stored as
+        floats; names of TrainerEvent fields are refused as metric names, and an extra may
+        not repeat a metric. Raises ``ValueError`` (``TypeError`` for values JSON cannot
+        hold) before anything is written.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        if not isinstance(stage, str) or not stage or "|" in stage:
+            raise ValueError(f"stage must be a non-empty str without '|', got {stage!r}")
+        line: dict[str, Any] = {"stage": stage, "step": step, "rank": self.rank}
+        for name, value in metrics.items():
+            if not isinstance(name, str) or name in EVENT_FIELDS:
+                raise ValueError(f"{name!r} cannot be a metric name (reserved or not a str)")
+            line[name] = _as_float(name, value)
+        if "rank" in extra:
+            raise ValueError("rank is the writer's; make one RankLogWriter per rank")
+        clashes = sorted(set(extra) & set(metrics))
+        if clashes:
+            raise ValueError(f"extra fields {clashes} repeat metric names")
+        timestamp = extra.pop("timestamp_ns", None)
+        if timestamp is not None and not _is_int(timestamp):
+            raise ValueError(f"timestamp_ns must be an int (ns since the epoch), got {timestamp!r}")
+        line["timestamp_ns"] = time.time_ns() if timestamp is None else timestamp
+        line["hostname"] = extra.pop("hostname", self.hostname)
+        line.update(extra)
+        text = json.dumps(line, separators=(",", ":")) + "\n"
+        with self._lock:
+            self._file.write(text)
+
+    def close(self) -> None:
+        """Close the file; calling it again does nothing."""
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> RankLogWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _as_float(name: str, value: object) -> float:
+    if isinstance(value, str | bytes | bytearray):
+        raise ValueError(f"metric {name!r} must be a number, got {value!r}")
+    try:
+        return float(value)  # type: ignore[arg-type]  # ints, numpy scalars, 1-element tensors
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"metric {name!r} must be a number, got {value!r}") from None
+
+
+# -- reader ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """One line of a rank file, read.
+
+    ``fields`` is the whole line as read, with ``rank`` filled in from the file name when
+    the line leaves it out; ``metrics`` its number-valued keys that are not TrainerEvent
+    fields, as floats. ``stage`` defaults to the component when the line has none.
+    """
+
+    path: Path
+    line: int
+    component: str
+    rank: int
+    stage: str
+    step: int
+    metrics: dict[str, float]
+    timestamp_ns: int | None
+    fields: dict[str, Any]
+
+    @property
+    def attempt(self) -> int | None:
+        """The line's ``attempt`` field, if it has one that is an int >= 0."""
+        value = self.fields.get("attempt")
+        return value if _is_int(value) and value >= 0 else None
+
+    def to_event(self, run_id: str, world_size: int, attempt: int = 0) -> TrainerEvent:
+        """The TrainerEvent this line stands for.
+
+        The file is the producer (``producer_id`` is its path) and the line number is the
+        ``seq``, so no two lines are ever taken for duplicates. A missing ``timestamp_ns``
+        becomes 0.
+        """
+        fields = self.fields
+        hostname, pid = fields.get("hostname"), fields.get("pid")
+        return {
+            "kind": "metrics",
+            "run_id": run_id,
+            "attempt": attempt,
+            "step": self.step,
+            "stage": self.stage,
+            "rank": self.rank,
+            "world_size": world_size,
+            "metrics": dict(self.metrics),
+            "level": None,
+            "message": None,
+            "tags": {},
+            "timestamp_ns": self.timestamp_ns or 0,
+            "hostname": hostname if isinstance(hostname, str) else "",
+            "pid": pid if _is_int(pid) else 0,
+            "producer_id": str(self.path),
+            "seq": self.line,
+            "policy_version": None,
+            "trace_id": None,
+        }
+
+
+def read_rank_file(file: RankFile) -> Iterator[RankRecord | MalformedLine]:
+    """Yield each line of one rank file as a record, or as a :class:`MalformedLine`.
+
+    Malformed besides bad JSON: ``step`` missing or not an int >= 0, ``stage`` not a
+    non-empty string without ``|``, ``rank`` other than the file's, ``timestamp_ns`` not
+    an int.
+    """
+    for item in read_json_lines(file.path):
+        if isinstance(item, MalformedLine):
+            yield item
+            continue
+        number, fields = item
+        problem = _rank_line_problem(fields, file)
+        if problem is not None:
+            text = json.dumps(fields, separators=(",", ":"))[:_SHOWN_CHARS]
+            yield MalformedLine(file.path, number, problem, text)
+            continue
+        fields.setdefault("rank", file.rank)
+        timestamp = fields.get("timestamp_ns")
+        yield RankRecord(
+            path=file.path,
+            line=number,
+            component=file.component,
+            rank=file.rank,
+            stage=fields.get("stage") or file.component,
+            step=fields["step"],
+            metrics=number_fields(fields, exclude=EVENT_FIELDS),
+            timestamp_ns=timestamp,
+            fields=fields,
+        )
+
+
+def read_rank_logs(
+    directory: str | os.PathLike[str], files: Iterable[RankFile] | None = None
+) -> Iterator[RankRecord | MalformedLine]:
+    """Yield the lines of all rank files of ``directory`` merged into one stream.
+
+    Merged by ``timestamp_ns``; a line without a timestamp (or a malformed one) takes the
+    timestamp of the line before it in its file (0 at the start). Ties are broken by how
+    often the file's step went down so far (a resumed run), then step, rank, component, so
+    files without timestamps merge step by step, a resumed part after what it resumes. The
+    merge streams: every file keeps its own line order, even where its timestamps go back.
+    ``files`` defaults to :func:`list_rank_files` of ``directory``.
+    """
+    chosen = list_rank_files(directory) if files is None else list(files)
+    yield from (item for _, item in heapq.merge(*map(_keyed, chosen), key=lambda pair: pair[0]))
+
+
+_MergeKey = tuple[int, int, int, int, str]
+
+
+def _keyed(file: RankFile) -> Iterator[tuple[_MergeKey, RankRecord | MalformedLine]]:
+    timestamp, rewinds, step = 0, 0, 0
+    for item in read_rank_file(file):
+        if isinstance(item, RankRecord):
+            timestamp = item.timestamp_ns if item.timestamp_ns is not None else timestamp
+            rewinds += item.step < step
+            step = item.step
+        yield (timestamp, rewinds, step, file.rank, file.component), item
+
+
+def _rank_line_problem(fields: dict[str, Any], file: RankFile) -> str | None:
+    step, stage, rank = fields.get("step"), fields.get("stage"), fields.get("rank")
+    if not _is_int(step) or step < 0:
+        return f"step must be an int >= 0, got {step!r}"
+    if stage is not None and (not isinstance(stage, str) or not stage or "|" in stage):
+        return f"stage must be a non-empty string without '|', got {stage!r}"
+    if rank is not None and rank != file.rank:
+        return f"rank {rank!r} in the file of rank {file.rank}"
+    timestamp = fields.get("timestamp_ns")
+    if timestamp is not None and not _is_int(timestamp):
+        return f"timestamp_ns must be an int, got {timestamp!r}"
+    return None
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def number_fields(
+    fields: Mapping[str, Any], exclude: AbstractSet[str] = frozenset()
+) -> dict[str, float]:
+    """The keys of ``fields`` whose values are numbers (not bools), as floats; in order."""
+    return {
+        name: float(value)
+        for name, value in fields.items()
+        if name not in exclude and isinstance(value, int | float) and not isinstance(value, bool)
+    }

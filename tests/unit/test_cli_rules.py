@@ -1,0 +1,110 @@
+"""``rlpulse rules check``: one greppable line per problem, exit 1 on any."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from rlpulse.cli_rules import rules_app
+from rlpulse.rules import schema
+from tests.unit.test_rules_loader import EXPECTED_PROBLEMS, FIXTURES
+
+PRESETS = Path(schema.__file__).with_name("presets")
+PROBLEM_LINE = re.compile(
+    r"^(?P<file>[^:]+):(?P<line>\d+):(?P<column>\d+): (?:\[(?P<rule>[^]]+)\] )?"
+)
+
+# The command as `rlpulse rules ...` sees it: a group inside the top-level app.
+app = typer.Typer()
+app.add_typer(rules_app, name="rules")
+
+
+def check(*paths: Path | str) -> tuple[int, list[str], list[str]]:
+    result = CliRunner().invoke(app, ["rules", "check", *map(str, paths)])
+    return result.exit_code, result.stdout.splitlines(), result.stderr.splitlines()
+
+
+def test_broken_directory_reports_every_problem_with_its_line() -> None:
+    code, out, err = check(FIXTURES)
+    assert code == 1
+    expected = [
+        f"{FIXTURES / name}:{problem}"
+        for name in sorted(EXPECTED_PROBLEMS)
+        for problem in EXPECTED_PROBLEMS[name]
+    ]
+    assert err == expected
+    assert all(PROBLEM_LINE.match(line) for line in err)
+    good = sorted(FIXTURES.glob("*.good.yaml"))
+    assert [line.split(" ")[1] for line in out] == [str(path) for path in good]
+
+
+def test_each_issue_problem_is_one_line() -> None:
+    """The Done-when list of the rules issue: each broken file -> exactly one line."""
+    for name in (
+        "bad-yaml.bad.yaml",
+        "unknown-key.bad.yaml",
+        "wrong-type.bad.yaml",
+        "unknown-action.bad.yaml",
+        "bad-when.bad.yaml",
+        "std-window.bad.yaml",
+        "worst-equals.bad.yaml",
+        "negative-cooldown.bad.yaml",
+        "duplicate-id.bad.yaml",
+    ):
+        code, out, err = check(FIXTURES / name)
+        assert (code, out, len(err)) == (1, [], 1), name
+        found = PROBLEM_LINE.match(err[0])
+        assert found is not None and found["file"] == str(FIXTURES / name)
+
+
+def test_presets_pass() -> None:
+    code, out, err = check(PRESETS)
+    assert (code, err) == (0, [])
+    assert out == [
+        f"ok: {PRESETS / 'openrlhf.yaml'} (12 rules)",
+        f"ok: {PRESETS / 'seed.yaml'} (2 rules)",
+        f"ok: {PRESETS / 'trl.yaml'} (12 rules)",
+        f"ok: {PRESETS / 'verl.yaml'} (14 rules)",
+    ]
+
+
+def test_files_and_directories_mix(tmp_path: Path) -> None:
+    (tmp_path / "a.yml").write_text(
+        'version: 1\nrules:\n  - {id: a, metric: m, when: "> 1", actions: [{stop: {}}]}\n'
+    )
+    (tmp_path / "notes.txt").write_text("not a rules file")
+    code, out, err = check(tmp_path, FIXTURES / "minimal.good.yaml")
+    assert (code, err) == (0, [])
+    assert out == [
+        f"ok: {tmp_path / 'a.yml'} (1 rule)",
+        f"ok: {FIXTURES / 'minimal.good.yaml'} (1 rule)",
+    ]
+
+
+def test_missing_paths_and_empty_directories_fail(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, err = check(missing, empty, FIXTURES / "minimal.good.yaml")
+    assert code == 1
+    assert err == [
+        f"{missing}: no such file or directory",
+        f"{empty}: no rules files (*.yaml, *.yml) in it",
+    ]
+    assert out == [f"ok: {FIXTURES / 'minimal.good.yaml'} (1 rule)"]
+
+
+def test_long_lines_are_not_wrapped() -> None:
+    code, _, err = check(FIXTURES / "many-problems.bad.yaml")
+    assert code == 1
+    assert max(len(line) for line in err) > 120  # printed whole, whatever the terminal width
+    assert len(err) == len(EXPECTED_PROBLEMS["many-problems.bad.yaml"])
+
+
+def test_no_arguments_shows_help() -> None:
+    result = CliRunner().invoke(app, ["rules", "check"])
+    assert result.exit_code == 2
+    assert "Missing argument" in result.stderr
