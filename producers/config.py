@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -16,8 +17,11 @@ from rlpulse.schemas.topics import DEFAULT_PREFIX, Topics
 
 BOOTSTRAP_ENV = "RLPULSE_BOOTSTRAP"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+HOME_ENV = "RLPULSE_HOME"
 QUEUE_MAX_MESSAGES = 1_000_000
+MIB = 1 << 20
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
+_NOT_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 Compression = Literal["lz4", "zstd", "snappy", "gzip", "none"]
 ExtraValue = str | int | float | bool
@@ -25,6 +29,12 @@ ExtraValue = str | int | float | bool
 
 def _bootstrap_from_env() -> str:
     return os.environ.get(BOOTSTRAP_ENV, "").strip() or DEFAULT_BOOTSTRAP
+
+
+def default_spool_root() -> Path:
+    """``$RLPULSE_HOME/spool``, else ``~/.cache/rlpulse/spool``."""
+    home = os.environ.get(HOME_ENV, "").strip()
+    return (Path(home) if home else Path.home() / ".cache" / "rlpulse") / "spool"
 
 
 class ProducerConfig(BaseModel):
@@ -47,6 +57,34 @@ class ProducerConfig(BaseModel):
         default=3600,
         gt=0,
         description="how far back the ControlClient reads commands and acks when it starts",
+    )
+    delivery_timeout_s: float = Field(
+        default=60,
+        gt=0,
+        description=(
+            "librdkafka's message.timeout.ms: how long an event may wait in memory for the "
+            "broker before it counts as undeliverable and goes to the spool"
+        ),
+    )
+    close_timeout_s: float = Field(
+        default=10,
+        ge=0,
+        description="how long close() at interpreter exit waits for delivery before spooling",
+    )
+    spool_dir: Path | None = Field(
+        default=None,
+        description=(
+            f"root of the spool; default ${HOME_ENV}/spool, else ~/.cache/rlpulse/spool; "
+            "a run spools into <root>/<run_id>"
+        ),
+    )
+    spool_file_bytes: int = Field(
+        default=8 * MIB, ge=4096, description="a spool file is rotated at this size"
+    )
+    spool_max_bytes: int = Field(
+        default=1024 * MIB,
+        ge=4096,
+        description="spool space one producer may use; events beyond it are dropped and counted",
     )
     extra: dict[str, ExtraValue] = Field(default_factory=dict)
 
@@ -73,6 +111,16 @@ class ProducerConfig(BaseModel):
         """The topic names under ``topic_prefix``."""
         return Topics(prefix=self.topic_prefix)
 
+    def run_spool_dir(self, run_id: str) -> Path:
+        """The directory where ``run_id``'s undeliverable events are spooled.
+
+        Characters other than letters, digits, ``.``, ``_`` and ``-`` in the run id
+        become ``_``, so any run id is one safe directory name.
+        """
+        root = self.spool_dir if self.spool_dir is not None else default_spool_root()
+        name = _NOT_PATH_CHARS.sub("_", run_id).lstrip(".") or "_"
+        return root / name
+
     def producer_settings(self) -> dict[str, Any]:
         """Build the librdkafka properties of an idempotent producer, ``extra`` merged last.
 
@@ -87,6 +135,7 @@ class ProducerConfig(BaseModel):
             "compression.type": self.compression,
             "partitioner": "murmur2_random",
             "queue.buffering.max.messages": QUEUE_MAX_MESSAGES,
+            "message.timeout.ms": max(1, round(self.delivery_timeout_s * 1000)),
         }
         settings.update(self.extra)
         return settings
@@ -181,13 +230,21 @@ def require_run_id(run_id: object) -> str:
     return run_id
 
 
-def require_int(field: str, value: object, minimum: int) -> int:
-    """Return ``value`` as an ``int`` (``__index__``, not bool) after checking ``>= minimum``."""
+LONG_MIN = -(2**63)
+LONG_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+
+
+def require_int(field: str, value: object, minimum: int, maximum: int = INT_MAX) -> int:
+    """Return ``value`` as an ``int`` (``__index__``, not bool) after checking the range.
+
+    The default maximum is Avro's ``int``; pass :data:`LONG_MAX` for a ``long``.
+    """
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InvalidFieldError(field, None, value, "an int")
     number = int(value.__index__())
-    if number < minimum:
-        raise InvalidValueError(field, number, f"an int >= {minimum}")
+    if not minimum <= number <= maximum:
+        raise InvalidValueError(field, number, f"an int in [{minimum}, {maximum}]")
     return number
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -13,6 +14,8 @@ from typing import get_args
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from rlpulse.producers.config import (
+    LONG_MAX,
+    LONG_MIN,
     ProducerConfig,
     WarnOnce,
     new_consumer,
@@ -33,20 +36,22 @@ _BATCH = 500
 _MAX_BATCHES_PER_POLL = 20
 _FIRST_RETRY_S = 0.5
 _MAX_RETRY_S = 30.0
+_STARTER_JOIN_S = 1.0
 
 
 class ControlClient:
     """Reads the control topic for one run attempt and writes its acks.
 
-    Construction does no network I/O. The first :meth:`poll` starts the client:
-    it finds the partitions of the control and acks topics, rebuilds the set of
-    command ids already acknowledged for this run (acks of the last
-    ``config.control_lookback_s`` seconds, read up to the end the acks topic had at
-    start), then reads commands from the same lookback on. Until that start-up
-    has completed, ``poll()`` returns nothing: each attempt spends at most
-    ``startup_timeout_s`` and failed attempts are retried on later polls with a
-    growing pause (0.5 s up to 30 s), so a missing topic or broker costs the
-    training loop little, and a restarted trainer never gets an acked command again.
+    Construction does no network I/O. The first :meth:`poll` starts a daemon thread
+    that starts the client: it finds the partitions of the control and acks topics,
+    rebuilds the set of command ids already acknowledged for this run (acks of the
+    last ``config.control_lookback_s`` seconds, read up to the end the acks topic had
+    at start), then positions the consumer at the commands of the same lookback.
+    Each attempt spends at most ``startup_timeout_s``; failed attempts (broker down,
+    topics missing) are retried with a growing pause (0.5 s up to 30 s). Until
+    start-up has completed, ``poll()`` returns nothing — after waiting at most its
+    ``timeout_s``, so a missing broker never stalls the training loop — and a
+    restarted trainer never gets a command that was acked.
 
     Not thread-safe: call it from the training loop's thread (in SPMD jobs, rank 0).
     """
@@ -77,8 +82,9 @@ class ControlClient:
         self._closed = False
         self._started = False
         self._plan: _StartPlan | None = None
-        self._retry_at = 0.0
-        self._retry_s = _FIRST_RETRY_S
+        self._starter: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopping = threading.Event()
         self._returned: set[str] = set()
         self._acked: set[str] = set()
         self._dry_run_ids: set[str] = set()
@@ -105,7 +111,7 @@ class ControlClient:
         if self._closed:
             raise ProducerClosedError(f"ControlClient for run {self.run_id!r} is closed")
         deadline = time.monotonic() + max(timeout_s, 0.0)
-        if not self._started and not self._try_start():
+        if not self._started and not self._wait_started(timeout_s):
             return []
         return self._read_commands(deadline)
 
@@ -139,7 +145,7 @@ class ControlClient:
             "applied_at_step": (
                 None
                 if applied_at_step is None
-                else require_int("applied_at_step", applied_at_step, -(2**63))
+                else require_int("applied_at_step", applied_at_step, LONG_MIN, LONG_MAX)
             ),
             "detail": string_map("detail", detail),
             "acked_ns": time.time_ns(),
@@ -180,11 +186,17 @@ class ControlClient:
         if self._closed:
             return
         self._closed = True
+        self._stopping.set()
         if self._producer is not None:
             remaining = int(self._producer.flush(self.ack_timeout_s))
             if remaining:
                 log.warning("run %s: %d ack(s) lost at close()", self.run_id, remaining)
             self._producer = None
+        starter = self._starter
+        if starter is not None:
+            starter.join(_STARTER_JOIN_S)
+            if starter.is_alive():  # still in a metadata call: it closes the consumer itself
+                return
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
@@ -202,26 +214,40 @@ class ControlClient:
 
     # -- start-up ---------------------------------------------------------------------
 
-    def _try_start(self) -> bool:
-        """Run one bounded start-up attempt unless the retry pause is still running."""
-        now = time.monotonic()
-        if now < self._retry_at:
-            return False
-        try:
-            self._started = self._start(now + self.startup_timeout_s)
-        except KafkaException as exc:
-            self._warn(
-                "startup",
-                "run %s: control client cannot start yet: %s; retrying on later polls",
-                self.run_id,
-                exc,
+    def _wait_started(self, timeout_s: float) -> bool:
+        """Start the start-up thread once; wait up to ``timeout_s`` for it to finish."""
+        if self._starter is None:
+            self._starter = threading.Thread(
+                target=self._start_in_background,
+                name=f"rlpulse-control-{self.run_id}",
+                daemon=True,
             )
-        if self._started:
-            self._retry_s = _FIRST_RETRY_S
-            return True
-        self._retry_at = time.monotonic() + self._retry_s
-        self._retry_s = min(self._retry_s * 2, _MAX_RETRY_S)
-        return False
+            self._starter.start()
+        if not self._ready.wait(max(timeout_s, 0.0)):
+            return False
+        self._started = True
+        return True
+
+    def _start_in_background(self) -> None:
+        """Retry :meth:`_start` with a growing pause until it succeeds or ``close()`` is called."""
+        pause = _FIRST_RETRY_S
+        while not self._stopping.is_set():
+            try:
+                if self._start(time.monotonic() + self.startup_timeout_s):
+                    self._ready.set()
+                    return
+            except KafkaException as exc:
+                self._warn(
+                    "startup",
+                    "run %s: control client cannot start yet: %s; retrying",
+                    self.run_id,
+                    exc,
+                )
+            self._stopping.wait(pause)
+            pause = min(pause * 2, _MAX_RETRY_S)
+        if self._consumer is not None:  # closed before start-up finished: this thread owns it
+            self._consumer.close()
+            self._consumer = None
 
     def _start(self, deadline: float) -> bool:
         """Advance start-up until ``deadline``; return whether commands can be read now."""
@@ -263,7 +289,7 @@ class ControlClient:
         if control is None:
             self._warn(
                 "no-control-topic",
-                "run %s: topic %s does not exist yet; retrying on later polls",
+                "run %s: topic %s does not exist yet; retrying",
                 self.run_id,
                 self._control_topic,
             )

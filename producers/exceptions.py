@@ -43,3 +43,37 @@ class ProducerConfigError(ProducerError, ValueError):
 
 class ProducerClosedError(ProducerError, RuntimeError):
     """A logger, control client or run link was used after ``close()``."""
+
+
+EXIT_STOPPED_BY_RULE = 0
+"""Exit status of a trainer process that a ``stop`` command ended: 0, on purpose.
+
+A stopped run must not be started again by whatever supervises it, and 0 is the only
+status that no common launcher retries by default: torchrun (torchelastic) restarts
+the whole worker group on any non-zero exit while ``--max-restarts`` allows;
+Kubernetes Jobs retry non-zero exits up to ``backoffLimit``; Ray Train's
+``max_failures`` and SkyPilot's ``max_restarts_on_errors`` retry failures; Slurm
+requeues on exit status only for the codes a site lists in ``RequeueExit``. A
+distinctive non-zero code would be safe only where someone configured it (a
+Kubernetes ``podFailurePolicy`` rule, Kubeflow's ``ExitCode`` restart policy, which
+treats 1-127 as permanent). How the run ended is recorded elsewhere: the ``applied``
+ack of the stop command on the acks topic (with ``stopped_at_step``), and the
+:class:`StopRequested` a program can catch. Sites that want a distinct status pass
+``exit_code=`` to ``RunLink.exit_if_stopped``.
+"""
+
+
+class StopRequested(SystemExit):
+    """A ``stop`` command ended the run; uncaught, it exits with :data:`EXIT_STOPPED_BY_RULE`.
+
+    A ``SystemExit``, not an error: ``except Exception`` in a training loop does not
+    swallow it, ``atexit`` handlers run, and the interpreter exits with ``code``.
+    """
+
+    def __init__(self, command_id: str, reason: str, exit_code: int = EXIT_STOPPED_BY_RULE) -> None:
+        super().__init__(exit_code)
+        self.command_id = command_id
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"run stopped by command {self.command_id}: {self.reason}"

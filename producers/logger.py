@@ -2,45 +2,58 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
+from functools import partial
 from types import TracebackType
 from typing import get_args
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaException, Producer
 
 from rlpulse.producers.config import (
+    LONG_MAX,
+    LONG_MIN,
     ProducerConfig,
-    WarnOnce,
     new_producer,
     require_int,
     require_run_id,
     string_map,
 )
+from rlpulse.producers.delivery import DeliveryCounts, DeliveryPump
 from rlpulse.producers.exceptions import InvalidFieldError, InvalidValueError, ProducerClosedError
+from rlpulse.producers.spool import Spool, SpooledEvent, spool_files
+from rlpulse.producers.wire import EventEncoder, EventSource
 from rlpulse.schemas.codec import default_codec
-from rlpulse.schemas.records import EventKind, TrainerEvent
+from rlpulse.schemas.records import EventKind
 
 log = logging.getLogger(__name__)
 
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
-_NOT_NUMBERS = (str, bytes, bytearray)
 
 
 class EventLogger:
-    """Publishes one run's TrainerEvents from one process (one rank) without ever blocking.
+    """Publishes one run's TrainerEvents from one process (one rank); never blocks, never loses.
 
-    Construction does no network I/O; the librdkafka producer starts on the first
-    event. ``log()`` hands the encoded event to librdkafka's local queue, which
-    batches, compresses and retries in the background; transport trouble shows up in
-    the counters (``failed``, ``dropped``) and in ``logging``, never as an exception.
-    ``producer_id`` (fixed per logger) and ``seq`` (0, 1, 2, ...) identify each event,
-    so consumers drop the duplicates that retries can produce.
+    Construction does no I/O; the librdkafka producer and a daemon delivery thread
+    start with the first event. ``log()`` encodes the event and hands it to
+    librdkafka's in-memory queue, which batches, compresses and retries in the
+    background — no disk I/O and no waiting while the broker is healthy, and none
+    for metadata while it is not. Events that cannot be delivered (see
+    :mod:`rlpulse.producers.delivery` for exactly when) go to a local spool under
+    ``config.run_spool_dir(run_id)`` and are sent again when the broker is back;
+    ``close()``, also run at interpreter exit, flushes with a bounded timeout and
+    spools the rest. Transport trouble never raises: it shows in the counters and in
+    ``logging``. ``producer_id`` (fixed per logger) and ``seq`` (0, 1, 2, ...)
+    identify each event, so consumers drop duplicates from retries and replays.
+
+    Create it in the process that logs (after any fork).
     """
 
     def __init__(
@@ -61,38 +74,63 @@ class EventLogger:
         self.config = config if config is not None else ProducerConfig()
         self.producer_id = uuid.uuid4().hex
         self.hostname = socket.gethostname()
+        self.spool_dir = self.config.run_spool_dir(self.run_id)
+        """Where this logger spools what it cannot deliver."""
         self._topic = self.config.topics.events
         self._key = self.run_id.encode()
-        self._codec = default_codec()
+        self._encoder = EventEncoder(
+            EventSource(
+                run_id=self.run_id,
+                attempt=self.attempt,
+                rank=self.rank,
+                tags=self.tags,
+                hostname=self.hostname,
+                pid=os.getpid(),
+                producer_id=self.producer_id,
+            ),
+            default_codec(),
+        )
         self._lock = threading.RLock()
         self._producer: Producer | None = None
+        self._pump: DeliveryPump | None = None
+        self._at_exit: Callable[[], None] | None = None
+        self._counts = DeliveryCounts()
         self._closed = False
         self._seq = 0
-        self._sent = 0
-        self._delivered = 0
-        self._failed = 0
-        self._dropped = 0
-        self._warn = WarnOnce(log)
 
     @property
-    def sent(self) -> int:
-        """Events handed to librdkafka's queue."""
-        return self._sent
+    def logged(self) -> int:
+        """Events accepted by ``log()`` (the next ``seq``)."""
+        return self._seq
 
     @property
     def delivered(self) -> int:
-        """Events the broker acknowledged."""
-        return self._delivered
+        """Logged events the broker acknowledged."""
+        return self._counts.delivered
 
     @property
-    def failed(self) -> int:
-        """Queued events that librdkafka gave up on (delivery timeout, fatal error)."""
-        return self._failed
+    def spooled(self) -> int:
+        """Events written to the spool (again after a failed replay)."""
+        return self._counts.spooled
+
+    @property
+    def replayed(self) -> int:
+        """Spooled events (this logger's or a dead producer's of the same run) since delivered."""
+        return self._counts.replayed
 
     @property
     def dropped(self) -> int:
-        """Events never queued: the local queue was full or librdkafka refused them."""
-        return self._dropped
+        """Events lost: refused by the broker as invalid, or no room or no disk for the spool."""
+        return self._counts.dropped
+
+    @property
+    def pending(self) -> int:
+        """Events held in memory: in librdkafka's queue or waiting to be written to the spool."""
+        with self._lock:
+            producer, pump = self._producer, self._pump
+        if producer is None or pump is None:
+            return 0
+        return len(producer) + pump.backlog
 
     def log(
         self,
@@ -107,7 +145,7 @@ class EventLogger:
         policy_version: int | None = None,
         trace_id: str | None = None,
     ) -> None:
-        """Publish one event for ``step`` and ``stage``; returns at once.
+        """Publish one event for ``step`` and ``stage``; returns in microseconds.
 
         Metric values may be anything ``float()`` accepts except strings (ints, numpy
         scalars, one-element tensors); anything else raises :class:`InvalidFieldError`
@@ -123,33 +161,37 @@ class EventLogger:
         for field, text in (("level", level), ("message", message), ("trace_id", trace_id)):
             if text is not None and not isinstance(text, str):
                 raise InvalidFieldError(field, None, text, "a str or None")
-        event: TrainerEvent = {
-            "kind": kind,
-            "run_id": self.run_id,
-            "attempt": self.attempt,
-            "step": require_int("step", step, -(2**63)),
-            "stage": stage,
-            "rank": self.rank,
-            "world_size": (
-                self.world_size if world_size is None else require_int("world_size", world_size, 1)
-            ),
-            "metrics": _metric_values(metrics),
-            "level": level,
-            "message": message,
-            "tags": self.tags,
-            "timestamp_ns": time.time_ns(),
-            "hostname": self.hostname,
-            "pid": os.getpid(),
-            "producer_id": self.producer_id,
-            "seq": 0,
-            "policy_version": (
-                None
-                if policy_version is None
-                else require_int("policy_version", policy_version, -(2**63))
-            ),
-            "trace_id": trace_id,
-        }
-        self._send(event)
+        step = require_int("step", step, LONG_MIN, LONG_MAX)
+        if world_size is None:
+            world_size = self.world_size
+        else:
+            world_size = require_int("world_size", world_size, 1)
+        if policy_version is not None:
+            policy_version = require_int("policy_version", policy_version, LONG_MIN, LONG_MAX)
+        with self._lock:  # seq order is queue order, whichever threads log
+            if self._closed:  # close() ran since the check above
+                raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+            seq = self._seq
+            value = self._encoder.encode(
+                kind, step, stage, world_size, metrics, time.time_ns(), seq,
+                level=level, message=message, policy_version=policy_version, trace_id=trace_id,
+            )  # fmt: skip
+            self._seq = seq + 1
+            if self._producer is None or self._pump is None:
+                self._start()
+            pump = self._pump
+            assert self._producer is not None and pump is not None
+            if pump.spooling:  # keep the order: younger events wait behind spooled ones
+                pump.hold(self._spooled(value, seq))
+                return
+            try:
+                self._producer.produce(
+                    self._topic, value, self._key, on_delivery=partial(pump.report, seq)
+                )
+            except BufferError:
+                pump.overflow(self._spooled(value, seq), "librdkafka's local queue is full")
+            except KafkaException as exc:
+                pump.overflow(self._spooled(value, seq), f"librdkafka refused it ({exc})")
 
     def run_start(self, step: int = 0) -> None:
         """Publish a ``run_start`` event (``step`` is where this attempt starts)."""
@@ -160,33 +202,47 @@ class EventLogger:
         self.log({}, step, kind="run_end")
 
     def flush(self, timeout_s: float = 10.0) -> int:
-        """Wait up to ``timeout_s`` for queued events to be delivered; return how many remain."""
+        """Wait up to ``timeout_s`` for librdkafka's queue to be delivered.
+
+        Returns how many events are still in memory (see :attr:`pending`); events
+        in the spool are not counted (see :attr:`spooled` and :attr:`replayed`).
+        """
         with self._lock:
-            producer = self._producer
-        if producer is None:
+            producer, pump = self._producer, self._pump
+        if producer is None or pump is None:
             return 0
-        return int(producer.flush(timeout_s))
+        return int(producer.flush(timeout_s)) + pump.backlog
 
-    def close(self, timeout_s: float = 10.0) -> int:
-        """Flush, then release the producer; return the events still undelivered (lost).
+    def close(self, timeout_s: float | None = None) -> int:
+        """Flush for up to ``timeout_s`` (default ``config.close_timeout_s``), spool the rest.
 
-        Calling it again does nothing and returns 0.
+        Returns how many events had to be spooled (or, if the spool was full, dropped)
+        at close. Spooled events are sent by the next process of this run that logs
+        on this host, or by ``rlpulse replay``. Calling it again does nothing and returns 0.
         """
         with self._lock:
             if self._closed:
                 return 0
             self._closed = True
-        remaining = self.flush(timeout_s)
-        if remaining:
+            pump, self._pump, self._producer = self._pump, None, None
+        if pump is None:
+            return 0
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+        left = pump.close(self.config.close_timeout_s if timeout_s is None else timeout_s)
+        waiting = spool_files(self.spool_dir).get((self.spool_dir, self.producer_id), [])
+        if waiting:
             log.warning(
-                "run %s: %d event(s) not delivered within %.1f s of close(); they are lost",
+                "run %s: %d event(s) were still undelivered at close() and were spooled; "
+                "%d spool file(s) in %s wait to be sent by the next process of this run on "
+                "this host, or by `rlpulse replay %s`",
                 self.run_id,
-                remaining,
-                timeout_s,
+                left,
+                len(waiting),
+                self.spool_dir,
+                self.spool_dir,
             )
-        with self._lock:
-            self._producer = None
-        return remaining
+        return left
 
     def __enter__(self) -> EventLogger:
         return self
@@ -199,65 +255,29 @@ class EventLogger:
     ) -> None:
         self.close()
 
-    def _send(self, event: TrainerEvent) -> None:
-        with self._lock:
-            if self._closed:  # close() ran since log() checked
-                raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
-            event["seq"] = self._seq
-            value = self._codec.encode("TrainerEvent", event)
-            self._seq += 1
-            if self._producer is None:
-                self._producer = new_producer(self.config, f"event logger of run {self.run_id}")
-            producer = self._producer
-            try:
-                producer.produce(self._topic, key=self._key, value=value, on_delivery=self._done)
-            except BufferError:
-                self._dropped += 1
-                self._warn(
-                    "queue-full",
-                    "run %s: librdkafka's local queue is full (broker slow or unreachable); "
-                    "dropping events, see EventLogger.dropped",
-                    self.run_id,
-                )
-            except KafkaException as exc:
-                self._dropped += 1
-                self._warn(
-                    "produce-refused",
-                    "run %s: librdkafka refused an event: %s; dropping it",
-                    self.run_id,
-                    exc,
-                )
-            else:
-                self._sent += 1
-        producer.poll(0)
+    def _start(self) -> None:
+        """Create the producer, the spool and the delivery thread (first event; under the lock)."""
+        label = f"event logger of run {self.run_id}"
+        self._producer = new_producer(self.config, label)
+        spool = Spool(
+            self.spool_dir,
+            self.producer_id,
+            file_bytes=self.config.spool_file_bytes,
+            max_bytes=self.config.spool_max_bytes,
+        )
+        self._pump = DeliveryPump(
+            self._producer, spool, self._topic, self.producer_id, label, self._lock
+        )
+        self._counts = self._pump.counts
+        self._at_exit = partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
 
-    def _done(self, error: KafkaError | None, _message: Message) -> None:
-        """Count a delivery report (librdkafka calls this from ``poll``/``flush``)."""
-        with self._lock:
-            if error is None:
-                self._delivered += 1
-                return
-            self._failed += 1
-            self._warn(
-                f"delivery-{error.name()}",
-                "run %s: an event could not be delivered: %s",
-                self.run_id,
-                error.str(),
-            )
+    def _spooled(self, value: bytes, seq: int) -> SpooledEvent:
+        return SpooledEvent(self._topic, self._key, value, self.producer_id, seq)
 
 
-def _metric_values(metrics: Mapping[str, float]) -> dict[str, float]:
-    """Return ``metrics`` as a ``dict[str, float]``; a non-numeric value names its key."""
-    if not isinstance(metrics, Mapping):
-        raise InvalidFieldError("metrics", None, metrics, "a mapping of metric name to number")
-    values: dict[str, float] = {}
-    for key, value in metrics.items():
-        if not isinstance(key, str):
-            raise InvalidFieldError("metrics", repr(key), key, "str metric names")
-        if isinstance(value, _NOT_NUMBERS):
-            raise InvalidFieldError("metrics", key, value, "a number")
-        try:
-            values[key] = float(value)
-        except (TypeError, ValueError, RuntimeError):
-            raise InvalidFieldError("metrics", key, value, "a number") from None
-    return values
+def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:
+    """Close a logger the program left open (``atexit``), within its ``close_timeout_s``."""
+    logger = ref()
+    if logger is not None:
+        logger.close()

@@ -15,7 +15,6 @@ from rlpulse.cli_rules import rules_app
 from rlpulse.exceptions import RlpulseError
 
 if TYPE_CHECKING:
-    from rlpulse.rules.model import RuleSet
     from rlpulse.schemas.records import Action
 
 app = typer.Typer(
@@ -101,12 +100,12 @@ def worker(
     """Run a stream worker: step joiner and rule agent."""
     from rlpulse.broker import default_cache_dir
     from rlpulse.config import resolve_bootstrap
-    from rlpulse.rules import RulesError
+    from rlpulse.rules import RulesError, load_rules_source
     from rlpulse.streams.app import run_worker
     from rlpulse.streams.settings import WorkerSettings
 
     try:
-        ruleset = _load_rules(rules)
+        ruleset = load_rules_source(rules)
     except RulesError as exc:
         raise _fail(str(exc)) from None
     settings = WorkerSettings(
@@ -216,13 +215,22 @@ def control_scale(
     _send_operator_command(run_id, [scale], bootstrap, prefix, attempt, reason)
 
 
-def _load_rules(source: str) -> RuleSet:
-    from rlpulse.rules import load_preset, load_rules
+@app.command()
+def replay(
+    directory: Annotated[
+        Path | None, typer.Argument(help="A spool directory (default: every run's spool).")
+    ] = None,
+    bootstrap: Bootstrap = None,
+    prefix: Annotated[
+        str | None, typer.Option(help="Send to <prefix>.events instead of the spooled topic.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait per spool file.")] = 60.0,
+) -> None:
+    """Send the events a trainer process left in its spool (e.g. after it was killed)."""
+    from rlpulse.producers.config import default_spool_root
+    from rlpulse.replay import replay_command
 
-    path = Path(source)
-    if path.exists():
-        return load_rules(path)
-    return load_preset(source)
+    raise typer.Exit(replay_command(directory or default_spool_root(), bootstrap, prefix, timeout))
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 from rlpulse.rules.evaluator import RuleEngine
 from rlpulse.rules.exceptions import RuleProblem, RulesError, RulesFileError
-from rlpulse.rules.loader import load_preset, load_rules, parse_rules
+from rlpulse.rules.loader import load_preset, load_rules, load_rules_source, parse_rules
 from rlpulse.rules.model import Rule, RuleSet
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "RulesFileError",
     "load_preset",
     "load_rules",
+    "load_rules_source",
     "parse_rules",
 ]

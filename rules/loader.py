@@ -90,6 +90,13 @@ def load_preset(name: str) -> RuleSet:
     return parse_rules(resource.read_text(encoding="utf-8"), f"<preset {name}>")
 
 
+def load_rules_source(source: str | os.PathLike[str]) -> RuleSet:
+    """Load ``source``: the path of a rules file if one exists there, else a preset name."""
+    if Path(source).exists():
+        return load_rules(source)
+    return load_preset(os.fspath(source))
+
+
 def parse_rules(text: str, filename: str = "<string>") -> RuleSet:
     """Validate the rules file ``text``; problems are reported against ``filename``."""
     loader = yaml.SafeLoader(text)

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from rlpulse.kafka_admin import ensure_topics
-from rlpulse.producers import ControlClient, EventLogger, ProducerConfig, RunLink
+from rlpulse.producers import ControlClient, EventHandler, EventLogger, ProducerConfig, RunLink
+from rlpulse.producers.replay import replay_spool
+from rlpulse.producers.spool import spool_files
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand
 from rlpulse.schemas.topics import Topics
@@ -121,7 +126,7 @@ def test_logged_events_arrive_decodable_and_in_sequence(
         logger.log({}, 4, kind="log", level="INFO", message="epoch done")
         logger.run_end(5)
         assert logger.flush(WAIT_S) == 0
-        assert (logger.sent, logger.delivered, logger.failed, logger.dropped) == (8, 8, 0, 0)
+        assert (logger.logged, logger.delivered, logger.spooled, logger.dropped) == (8, 8, 0, 0)
 
     codec = default_codec()
     messages = read_topic(kafka_bootstrap, topics.events, 8)
@@ -269,3 +274,113 @@ def test_run_link_round_trip(kafka_bootstrap: str, topics: Topics) -> None:
     assert (event["attempt"], event["world_size"], event["stage"]) == (2, 4, "actor")
     (ack,) = [codec.decode_ack(v) for _, v in read_topic(kafka_bootstrap, topics.acks, 1)]
     assert (ack["command_id"], ack["attempt"], ack["status"]) == ("run-l-2-stop", 2, "applied")
+
+
+def test_logging_handler_publishes_stdlib_records(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    config = ProducerConfig(
+        bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix, spool_dir=tmp_path
+    )
+    trainer_log = logging.getLogger(f"trainer-{uuid.uuid4().hex}")
+    trainer_log.setLevel(logging.INFO)
+    trainer_log.propagate = False
+    with RunLink("run-h", rank=1, world_size=2, config=config) as link:
+        handler = EventHandler(link, stage="trainer")
+        trainer_log.addHandler(handler)
+        try:
+            trainer_log.info({"step": 120, "stage": "rollout", "reward_mean": 2.4, "kl": 0.18})
+            trainer_log.info({"step": 121, "actor": {"loss": 0.5}, "note": "warmup done"})
+            trainer_log.warning("grad norm %.1f is high", 12.5)
+            trainer_log.debug({"step": 122, "ignored": 1.0})  # below the logger's level
+        finally:
+            trainer_log.removeHandler(handler)
+        assert link.flush(WAIT_S) == 0
+    codec = default_codec()
+    events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 3)]
+    first, second, text = sorted(events, key=lambda e: e["seq"])
+    assert (first["kind"], first["step"], first["stage"], first["rank"]) == (
+        "metrics",
+        120,
+        "rollout",
+        1,
+    )
+    assert first["metrics"] == {"reward_mean": 2.4, "kl": 0.18}
+    assert (second["step"], second["stage"], second["metrics"]) == (
+        121,
+        "trainer",
+        {"actor/loss": 0.5},
+    )
+    assert second["message"] == '{"note": "warmup done"}'
+    assert (text["kind"], text["level"], text["message"], text["step"]) == (
+        "log",
+        "WARNING",
+        "grad norm 12.5 is high",
+        121,
+    )
+
+
+def spool_while_unreachable(
+    topics: Topics, spool_dir: Path, run_id: str, count: int
+) -> EventLogger:
+    """A logger that could not reach any broker: its ``count`` events end in the spool."""
+    config = ProducerConfig(
+        bootstrap_servers="127.0.0.1:1", topic_prefix=topics.prefix, spool_dir=spool_dir
+    )
+    logger = EventLogger(run_id, config=config)
+    for step in range(count):
+        logger.log({"loss": float(step)}, step)
+    assert logger.close(timeout_s=0.2) == count
+    return logger
+
+
+def test_replay_sends_a_spool_once_and_deletes_it(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    dead = spool_while_unreachable(topics, tmp_path, "run-r", 30)
+    config = config_for(kafka_bootstrap, topics)
+    report = replay_spool(tmp_path, config)
+    assert (report.delivered, report.undelivered, report.files) == (30, 0, 1)
+    assert spool_files(tmp_path) == {}
+    assert replay_spool(tmp_path, config).delivered == 0  # nothing left to send twice
+    codec = default_codec()
+    events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 30)]
+    assert sorted(e["seq"] for e in events) == list(range(30))
+    assert {e["producer_id"] for e in events} == {dead.producer_id}
+
+
+def test_replay_command_runs_standalone(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    spool_while_unreachable(topics, tmp_path, "run-cli", 5)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlpulse.replay", str(tmp_path), "--bootstrap", kafka_bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "replayed 5 event(s) from 1 spool file(s)" in result.stdout
+    read_topic(kafka_bootstrap, topics.events, 5)
+
+
+def test_a_new_process_of_the_run_replays_a_dead_producers_spool(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    dead = spool_while_unreachable(topics, tmp_path, "run-o", 20)
+    config = ProducerConfig(
+        bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix, spool_dir=tmp_path
+    )
+    with EventLogger("run-o", config=config) as successor:
+        successor.log({"loss": 0.0}, 100)
+        deadline = time.monotonic() + WAIT_S
+        while successor.replayed < 20:
+            assert time.monotonic() < deadline, f"replayed {successor.replayed} of 20"
+            time.sleep(0.1)
+    assert spool_files(tmp_path) == {}
+    codec = default_codec()
+    events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 21)]
+    assert sorted(e["seq"] for e in events if e["producer_id"] == dead.producer_id) == list(
+        range(20)
+    )

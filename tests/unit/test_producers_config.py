@@ -32,6 +32,13 @@ from rlpulse.schemas.records import ControlCommand
 UNREACHABLE = ProducerConfig(bootstrap_servers="127.0.0.1:1", topic_prefix="unit")
 
 
+@pytest.fixture(autouse=True)
+def rlpulse_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Spools (default: under $RLPULSE_HOME) go to the test's own directory."""
+    monkeypatch.setenv("RLPULSE_HOME", str(tmp_path))
+    return tmp_path
+
+
 def a_command(run_id: str = "run-a") -> ControlCommand:
     return {
         "command_id": "cmd-1",
@@ -57,8 +64,24 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.topic_prefix == "rlpulse"
     assert (config.linger_ms, config.compression) == (5, "lz4")
     assert config.control_lookback_s == 3600
+    assert (config.delivery_timeout_s, config.close_timeout_s) == (60, 10)
+    assert config.spool_dir is None
+    assert config.spool_file_bytes < config.spool_max_bytes
     assert config.extra == {}
     assert config.topics.events == "rlpulse.events"
+
+
+def test_spool_dir_defaults_under_rlpulse_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RLPULSE_HOME", str(tmp_path / "home"))
+    assert ProducerConfig().run_spool_dir("run-a") == tmp_path / "home" / "spool" / "run-a"
+    monkeypatch.delenv("RLPULSE_HOME")
+    default = Path.home() / ".cache" / "rlpulse" / "spool" / "run-a"
+    assert ProducerConfig().run_spool_dir("run-a") == default
+    config = ProducerConfig(spool_dir=tmp_path / "s")
+    assert config.run_spool_dir("team/exp 1") == tmp_path / "s" / "team_exp_1"
+    assert config.run_spool_dir("..") == tmp_path / "s" / "_"
 
 
 def test_bootstrap_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,6 +119,8 @@ def test_producer_settings() -> None:
     assert settings["compression.type"] == "zstd"
     assert settings["partitioner"] == "murmur2_random"
     assert settings["queue.buffering.max.messages"] >= 1_000_000
+    assert settings["message.timeout.ms"] == 60_000
+    assert ProducerConfig(delivery_timeout_s=2.5).producer_settings()["message.timeout.ms"] == 2500
 
 
 def test_consumer_settings() -> None:
@@ -136,7 +161,7 @@ def test_constructors_do_no_network_io(monkeypatch: pytest.MonkeyPatch) -> None:
     logger = EventLogger("run-a", rank=3, world_size=8, config=UNREACHABLE)
     client = ControlClient("run-a", attempt=1, config=UNREACHABLE)
     link = RunLink("run-a", tags={"team": "rl"}, config=UNREACHABLE)
-    assert (logger.sent, logger.delivered, logger.failed, logger.dropped) == (0, 0, 0, 0)
+    assert (logger.logged, logger.delivered, logger.spooled, logger.dropped) == (0, 0, 0, 0)
     assert not client.started
     # Closing what never connected creates nothing either.
     assert logger.close() == 0
@@ -144,27 +169,30 @@ def test_constructors_do_no_network_io(monkeypatch: pytest.MonkeyPatch) -> None:
     assert link.close() == 0
 
 
-def test_log_with_unreachable_broker_returns_at_once() -> None:
+def test_log_with_unreachable_broker_returns_at_once_and_close_spools() -> None:
     logger = EventLogger("run-a", config=UNREACHABLE)
     start = time.monotonic()
     for step in range(200):
         logger.log({"loss": 1.0 / (step + 1), "tokens": step}, step=step)
     assert time.monotonic() - start < 2.0
-    assert logger.sent == 200
+    assert logger.logged == 200
     assert logger.delivered == 0
     assert logger.close(timeout_s=0.1) == 200
+    assert (logger.spooled, logger.dropped, logger.pending) == (200, 0, 0)
+    assert len(list(logger.spool_dir.glob(f"{logger.producer_id}.*.jsonl"))) == 1
 
 
-def test_full_local_queue_drops_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_full_local_queue_spools_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     config = ProducerConfig(
         bootstrap_servers="127.0.0.1:1", extra={"queue.buffering.max.messages": 5}
     )
-    caplog.set_level(logging.WARNING, logger="rlpulse.producers.logger")
+    caplog.set_level(logging.WARNING, logger="rlpulse.producers")
     with EventLogger("run-a", config=config) as logger:
         for step in range(20):
             logger.log({"loss": 1.0}, step=step)
-        assert (logger.sent, logger.dropped) == (5, 15)
+        assert logger.logged == 20
         logger.close(timeout_s=0.1)
+        assert (logger.spooled, logger.dropped) == (20, 0)
     full = [r for r in caplog.records if "queue is full" in r.getMessage()]
     assert len(full) == 1
 
@@ -177,7 +205,7 @@ def test_non_numeric_metric_is_a_type_error_naming_the_key(value: object) -> Non
     assert isinstance(raised.value, InvalidFieldError)
     assert isinstance(raised.value, ProducerError)
     assert raised.value.key == "reward_mean"
-    assert logger.sent == 0
+    assert logger.logged == 0
 
 
 def test_numeric_like_metric_values_are_converted() -> None:
@@ -187,7 +215,7 @@ def test_numeric_like_metric_values_are_converted() -> None:
 
     logger = EventLogger("run-a", config=UNREACHABLE)
     logger.log({"int": 3, "bool": True, "nan": float("nan"), "scalar": Scalar()}, step=1)  # type: ignore[dict-item]
-    assert logger.sent == 1
+    assert logger.logged == 1
     logger.close(timeout_s=0)
 
 
@@ -223,21 +251,29 @@ def test_use_after_close_is_an_error() -> None:
         client.poll()
 
 
-def test_poll_with_unreachable_broker_is_bounded_and_backs_off() -> None:
+def test_poll_with_unreachable_broker_never_stalls_the_loop() -> None:
     client = ControlClient("run-a", config=UNREACHABLE, startup_timeout_s=0.3)
+    for _ in range(20):  # start-up runs (and fails, and retries) in its own thread
+        start = time.monotonic()
+        assert client.poll() == []
+        assert time.monotonic() - start < 0.1
+        time.sleep(0.05)
     start = time.monotonic()
-    assert client.poll() == []
-    assert time.monotonic() - start < 2.0
-    start = time.monotonic()
-    assert client.poll() == []  # within the retry pause: no new attempt
-    assert time.monotonic() - start < 0.1
+    assert client.poll(timeout_s=0.3) == []  # waits its timeout, no longer
+    assert 0.25 < time.monotonic() - start < 1.0
     assert not client.started
+    start = time.monotonic()
     client.close()
+    assert time.monotonic() - start < 2.0
 
 
 def test_public_api() -> None:
     assert sorted(rlpulse.producers.__all__) == [
+        "Broadcast",
+        "CommandBus",
         "ControlClient",
+        "EXIT_STOPPED_BY_RULE",
+        "EventHandler",
         "EventLogger",
         "InvalidFieldError",
         "InvalidValueError",
@@ -246,6 +282,8 @@ def test_public_api() -> None:
         "ProducerConfigError",
         "ProducerError",
         "RunLink",
+        "StopRequested",
+        "single_process_broadcast",
     ]
     for name in rlpulse.producers.__all__:
         assert getattr(rlpulse.producers, name).__doc__

@@ -1,0 +1,162 @@
+"""What ``log()`` costs the training loop: rlpulse against wandb offline, broker up and down.
+
+Every scenario logs the same dict of ``--metrics`` float metrics ``--calls`` times in a
+tight loop (the worst case for the background threads both libraries run) and times
+each call with ``perf_counter_ns``. The first call is reported on its own (rlpulse
+starts its producer there) and left out of the percentiles. Scenarios:
+
+- ``rlpulse`` with the broker up (``RLPULSE_BOOTSTRAP``, else a local broker this
+  script starts and stops); the events are checked to be delivered;
+- ``rlpulse`` with the broker down (an unreachable address): events wait in
+  librdkafka's queue;
+- ``rlpulse`` with the broker down and a 0.5 s delivery timeout, timed once the logger
+  is in spool mode: ``log()`` hands events to the delivery thread, which writes them
+  to the spool while the calls are timed;
+- ``wandb`` offline (``wandb.init(mode="offline")``, ``wandb.log(d, step=...)``).
+
+Prints one JSON object per line, then the ratios wandb/rlpulse and the two targets:
+rlpulse p50 at most a tenth of wandb's, and p99 under 1 ms with the broker down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rlpulse.broker import LocalBroker
+from rlpulse.kafka_admin import ensure_topics
+from rlpulse.producers import EventLogger, ProducerConfig
+from rlpulse.schemas.topics import Topics
+
+UNREACHABLE = "127.0.0.1:1"
+
+
+def emit(name: str, **fields: Any) -> None:
+    print(json.dumps({"bench": "producer_overhead", "name": name, **fields}), flush=True)
+
+
+def percentile(ordered: list[int], q: float) -> int:
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def timed_calls(call: Callable[[int], object], calls: int) -> dict[str, float]:
+    """Time ``call(step)`` for ``calls`` steps; percentiles in microseconds."""
+    start = time.perf_counter_ns()
+    call(0)
+    first = time.perf_counter_ns() - start
+    samples: list[int] = []
+    for step in range(1, calls + 1):
+        start = time.perf_counter_ns()
+        call(step)
+        samples.append(time.perf_counter_ns() - start)
+    samples.sort()
+    return {
+        "calls": calls,
+        "first_call_us": first / 1e3,
+        "p50_us": percentile(samples, 50) / 1e3,
+        "p99_us": percentile(samples, 99) / 1e3,
+        "p999_us": percentile(samples, 99.9) / 1e3,
+        "max_us": samples[-1] / 1e3,
+        "mean_us": statistics.fmean(samples) / 1e3,
+    }
+
+
+@contextmanager
+def running_broker() -> Iterator[str]:
+    existing = os.environ.get("RLPULSE_BOOTSTRAP")
+    if existing:
+        yield existing
+        return
+    local = LocalBroker(state_dir=Path(tempfile.mkdtemp(prefix="rlpulse-bench-")), port=0)
+    info = local.up()
+    try:
+        yield info.bootstrap
+    finally:
+        local.down()
+
+
+def bench_rlpulse(
+    scenario: str, config: ProducerConfig, metrics: dict[str, float], calls: int
+) -> dict[str, float]:
+    logger = EventLogger(f"bench-{uuid.uuid4().hex[:8]}", config=config)
+    if scenario == "down_spooling":  # wait until the first events timed out: spool mode
+        logger.log(metrics, -1, "trainer")
+        deadline = time.monotonic() + 30
+        while logger.spooled == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    figures = timed_calls(lambda step: logger.log(metrics, step, "trainer"), calls)
+    if scenario == "up":
+        logger.flush(60.0)
+        figures["delivered"] = logger.delivered
+    logger.close(timeout_s=0.5 if scenario != "up" else 30.0)
+    if scenario == "down_spooling":
+        figures["spooled"] = logger.spooled
+    emit("rlpulse", broker=scenario, **figures)
+    return figures
+
+
+def bench_wandb(metrics: dict[str, float], calls: int, directory: Path) -> dict[str, float] | None:
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    try:
+        import wandb
+    except ImportError as exc:
+        emit("wandb_offline", error=f"wandb is not installed ({exc}); pip install wandb")
+        return None
+    run = wandb.init(mode="offline", dir=str(directory), project="rlpulse-overhead")
+    try:
+        figures = timed_calls(lambda step: wandb.log(metrics, step=step), calls)
+    finally:
+        run.finish()
+    emit("wandb_offline", version=wandb.__version__, **figures)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--metrics", type=int, default=20)
+    args = parser.parse_args()
+    metrics = {f"metric_{i:02d}": 0.5 + i for i in range(args.metrics)}
+    work = Path(tempfile.mkdtemp(prefix="rlpulse-overhead-"))
+    spool = work / "spool"
+    results: dict[str, dict[str, float]] = {}
+    with running_broker() as bootstrap:
+        topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+        ensure_topics(bootstrap, topics, partitions=3)
+        up = ProducerConfig(
+            bootstrap_servers=bootstrap, topic_prefix=topics.prefix, spool_dir=spool
+        )
+        results["up"] = bench_rlpulse("up", up, metrics, args.calls)
+    down = ProducerConfig(bootstrap_servers=UNREACHABLE, spool_dir=spool)
+    results["down"] = bench_rlpulse("down", down, metrics, args.calls)
+    spooling = down.model_copy(update={"delivery_timeout_s": 0.5})
+    results["down_spooling"] = bench_rlpulse("down_spooling", spooling, metrics, args.calls)
+    wandb_figures = bench_wandb(metrics, args.calls, work / "wandb")
+    if wandb_figures is not None:
+        for scenario, figures in results.items():
+            ratio = wandb_figures["p50_us"] / figures["p50_us"]
+            emit(
+                "ratio",
+                broker=scenario,
+                wandb_over_rlpulse_p50=round(ratio, 1),
+                wandb_over_rlpulse_p99=round(wandb_figures["p99_us"] / figures["p99_us"], 1),
+                target="rlpulse p50 <= wandb p50 / 10",
+                met=ratio >= 10,
+            )
+    for scenario in ("down", "down_spooling"):
+        p99 = results[scenario]["p99_us"]
+        emit("target_p99_broker_down", broker=scenario, p99_us=p99, target_us=1000, met=p99 < 1000)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""Trainer-side faults against a real broker this module starts, stops and restarts.
+
+(a) the broker is down when training starts and comes up 20 s later; (b) it is stopped
+for 30 s mid-run; (c) the producer process is killed with SIGKILL and its spool is
+replayed by ``python -m rlpulse.replay``. In (a) and (b) every event reaches the events
+topic at least once — exactly once after dropping duplicates by (producer_id, seq) —
+and a real worker, started on the result, summarises every step with all ranks and
+no event twice. In (c) every event that was delivered or spooled before the kill
+arrives exactly once after the replay; how many were only in memory is printed.
+
+The broker keeps one fixed port so that clients reconnect to the same address after a
+restart. Events wait in memory for ``DELIVERY_TIMEOUT_S``, then go to the spool, so
+both the in-memory path and the spool replay run in (a) and (b).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from rlpulse.broker import LocalBroker
+from rlpulse.kafka_admin import admin_client, ensure_topics
+from rlpulse.producers import EventLogger, ProducerConfig
+from rlpulse.producers.spool import read_spool_file, spool_files
+from rlpulse.schemas.codec import default_codec
+from rlpulse.schemas.records import StepSummary, TrainerEvent
+from rlpulse.schemas.topics import Topics
+from rlpulse.worker_process import WorkerProcess
+from tests.integration.scripted_run import consume_all
+
+pytestmark = pytest.mark.broker
+
+RANKS = 4
+STEP_INTERVAL_S = 0.1
+DELIVERY_TIMEOUT_S = 4.0
+GRACE_S = 3.0
+SLOW_LOG_S = 0.25
+"""A ``log()`` call this slow would mean it waited for the network (it takes microseconds)."""
+
+EventId = tuple[str, int]
+
+
+def free_port_pair() -> int:
+    """A port p such that p (clients) and p + 1 (the KRaft controller) are both free."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        try:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    """A broker of this module only, on a fixed port; each test stops and starts it."""
+    local = LocalBroker(state_dir=tmp_path_factory.mktemp("fault-broker"), port=free_port_pair())
+    try:
+        yield local
+    finally:
+        local.down()
+
+
+def bootstrap_of(broker: LocalBroker) -> str:
+    return f"127.0.0.1:{broker.port}"
+
+
+def bring_up(broker: LocalBroker, topics: Topics) -> None:
+    """Start the broker, create the topics, wait until every events partition has a leader."""
+    broker.up()
+    ensure_topics(bootstrap_of(broker), topics, partitions=3)
+    admin = admin_client(bootstrap_of(broker))
+
+    def leaders() -> bool:
+        found = admin.list_topics(topic=topics.events, timeout=10).topics.get(topics.events)
+        return found is not None and all(p.leader >= 0 for p in found.partitions.values())
+
+    wait_for(leaders, "partition leaders", 60.0)
+
+
+def in_background(action: Callable[[], object], delay_s: float = 0.0) -> threading.Thread:
+    """Run ``action`` after ``delay_s`` in a thread (the training loop goes on meanwhile)."""
+
+    def run() -> None:
+        time.sleep(delay_s)
+        action()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+class SimulatedRanks:
+    """``RANKS`` in-process EventLoggers of one run, logging one event per rank per step."""
+
+    def __init__(self, broker: LocalBroker, topics: Topics, spool_dir: Path) -> None:
+        self.run_id = f"run-{uuid.uuid4().hex[:8]}"
+        config = ProducerConfig(
+            bootstrap_servers=bootstrap_of(broker),
+            topic_prefix=topics.prefix,
+            spool_dir=spool_dir,
+            delivery_timeout_s=DELIVERY_TIMEOUT_S,
+            extra={"reconnect.backoff.max.ms": 1000},
+        )
+        self.loggers = [
+            EventLogger(self.run_id, rank=rank, world_size=RANKS, config=config)
+            for rank in range(RANKS)
+        ]
+        self.steps = 0
+        self.slowest_log_s = 0.0
+
+    @staticmethod
+    def value(step: int, rank: int) -> float:
+        return step * 10.0 + rank
+
+    def run_while(self, busy: Callable[[], bool], min_s: float = 0.0) -> None:
+        """Log a step every ``STEP_INTERVAL_S`` while ``busy()`` or for at least ``min_s``."""
+        until = time.monotonic() + min_s
+        while busy() or time.monotonic() < until:
+            for rank, logger in enumerate(self.loggers):
+                start = time.perf_counter()
+                logger.log({"x": self.value(self.steps, rank)}, self.steps, "rollout")
+                self.slowest_log_s = max(self.slowest_log_s, time.perf_counter() - start)
+            self.steps += 1
+            time.sleep(STEP_INTERVAL_S)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close(timeout_s=30.0)
+        print(
+            f"{self.run_id}: {self.steps} steps x {RANKS} ranks; slowest log() "
+            f"{self.slowest_log_s * 1e3:.2f} ms; delivered live "
+            f"{sum(lg.delivered for lg in self.loggers)}, spooled "
+            f"{sum(lg.spooled for lg in self.loggers)}, replayed "
+            f"{sum(lg.replayed for lg in self.loggers)}, dropped "
+            f"{sum(lg.dropped for lg in self.loggers)}"
+        )
+
+    def expected_ids(self) -> set[EventId]:
+        return {(lg.producer_id, seq) for lg in self.loggers for seq in range(lg.logged)}
+
+
+def events_on_topic(bootstrap: str, topic: str) -> list[TrainerEvent]:
+    """Every event on ``topic``, read up to the end each partition has now.
+
+    Right after a restart the broker may still answer "not leader" for a while: retried.
+    """
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return _read_to_end(bootstrap, topic)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _read_to_end(bootstrap: str, topic: str) -> list[TrainerEvent]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    codec = default_codec()
+    try:
+        partitions = consumer.list_topics(topic=topic, timeout=30).topics[topic].partitions
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in partitions
+        }
+        todo = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in todo])
+        events: list[TrainerEvent] = []
+        deadline = time.monotonic() + 60
+        while todo and time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=0.5):
+                assert msg.error() is None, msg.error()
+                events.append(codec.decode_event(msg.value() or b""))
+                partition, offset = msg.partition(), msg.offset()
+                if partition is not None and offset is not None and offset + 1 >= ends[partition]:
+                    todo.discard(partition)
+        assert not todo, f"partitions {todo} of {topic} not read to their end"
+        return events
+    finally:
+        consumer.close()
+
+
+def assert_exactly_once(events: list[TrainerEvent], expected: set[EventId]) -> None:
+    """Every expected event is there at least once; dropping duplicates leaves each once."""
+    counts = Counter((e["producer_id"], e["seq"]) for e in events)
+    missing = expected - set(counts)
+    assert not missing, f"{len(missing)} of {len(expected)} events never arrived"
+    assert set(counts) == expected, f"unexpected events: {sorted(set(counts) - expected)[:5]}"
+    duplicates = sum(counts.values()) - len(counts)
+    print(
+        f"{len(expected)} events arrived; {duplicates} duplicate(s) to drop by (producer_id, seq)"
+    )
+
+
+def assert_no_spool_left(spool_dir: Path) -> None:
+    assert spool_files(spool_dir) == {}, f"spool files left: {spool_files(spool_dir)}"
+
+
+def assert_steps_summarised(
+    broker: LocalBroker, topics: Topics, ranks: SimulatedRanks, log: Path
+) -> None:
+    """Run a real worker over the run; each step's final summary has every rank once."""
+    bootstrap = bootstrap_of(broker)
+    codec = default_codec()
+    final: dict[int, StepSummary] = {}
+
+    def every_step_complete(values: list[bytes]) -> bool:
+        for summary in map(codec.decode_summary, values[len(seen) :]):
+            seen.append(summary)
+            step = summary["step"]
+            if summary["run_id"] == ranks.run_id and (
+                step not in final or summary["revision"] > final[step]["revision"]
+            ):
+                final[step] = summary
+        return len(final) == ranks.steps and all(
+            s["ranks_reported"] == list(range(RANKS)) for s in final.values()
+        )
+
+    seen: list[StepSummary] = []
+    worker = WorkerProcess(bootstrap, topics.prefix, log, partitions=3, grace_s=GRACE_S)
+    worker.start()
+    try:
+        worker.wait_consuming(timeout_s=90.0)
+        consume_all(bootstrap, topics.steps, every_step_complete, timeout_s=90.0)
+    finally:
+        worker.stop()
+    assert sorted(final) == list(range(ranks.steps))
+    for step, summary in final.items():
+        assert summary["ranks_reported"] == list(range(RANKS)), summary
+        stats = summary["metrics"]["x"]
+        assert stats["count"] == RANKS, summary
+        assert stats["sum"] == sum(ranks.value(step, r) for r in range(RANKS)), summary
+
+
+def test_a_broker_down_at_start_comes_up_20s_later(broker: LocalBroker, tmp_path: Path) -> None:
+    broker.down()
+    topics = Topics(prefix=f"fault-a-{uuid.uuid4().hex[:8]}")
+    ranks = SimulatedRanks(broker, topics, tmp_path / "spool")
+    coming_up = in_background(lambda: bring_up(broker, topics), delay_s=20.0)
+    ranks.run_while(coming_up.is_alive, min_s=20.0)
+    ranks.run_while(lambda: False, min_s=3.0)  # a little more with the broker up
+    ranks.close()
+    assert ranks.slowest_log_s < SLOW_LOG_S
+    assert sum(lg.spooled for lg in ranks.loggers) > 0, "the outage should have spooled events"
+    assert_no_spool_left(tmp_path / "spool")
+    assert_exactly_once(events_on_topic(bootstrap_of(broker), topics.events), ranks.expected_ids())
+    assert_steps_summarised(broker, topics, ranks, tmp_path / "worker.log")
+
+
+def test_b_broker_stopped_30s_mid_run(broker: LocalBroker, tmp_path: Path) -> None:
+    topics = Topics(prefix=f"fault-b-{uuid.uuid4().hex[:8]}")
+    bring_up(broker, topics)
+    ranks = SimulatedRanks(broker, topics, tmp_path / "spool")
+    ranks.run_while(lambda: False, min_s=3.0)
+    going_down = in_background(broker.down)
+    ranks.run_while(going_down.is_alive)
+    ranks.run_while(lambda: False, min_s=30.0)  # the broker is down for 30 s
+    coming_up = in_background(lambda: bring_up(broker, topics))
+    ranks.run_while(coming_up.is_alive, min_s=3.0)
+    ranks.close()
+    assert ranks.slowest_log_s < SLOW_LOG_S
+    assert sum(lg.spooled for lg in ranks.loggers) > 0, "the outage should have spooled events"
+    assert_no_spool_left(tmp_path / "spool")
+    assert_exactly_once(events_on_topic(bootstrap_of(broker), topics.events), ranks.expected_ids())
+    assert_steps_summarised(broker, topics, ranks, tmp_path / "worker.log")
+
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from rlpulse.producers import EventLogger, ProducerConfig
+
+bootstrap, prefix, spool = sys.argv[1:4]
+config = ProducerConfig(
+    bootstrap_servers=bootstrap, topic_prefix=prefix, spool_dir=Path(spool),
+    delivery_timeout_s=2.0,
+)
+logger = EventLogger("killed-run", config=config)
+print(logger.producer_id, flush=True)
+step = 0
+while True:
+    logger.log({"x": float(step)}, step, "rollout")
+    step += 1
+    print(step, flush=True)
+    time.sleep(0.005)
+"""
+
+
+def test_c_killed_producer_spool_is_replayed(broker: LocalBroker, tmp_path: Path) -> None:
+    topics = Topics(prefix=f"fault-c-{uuid.uuid4().hex[:8]}")
+    bring_up(broker, topics)
+    bootstrap, spool_dir = bootstrap_of(broker), tmp_path / "spool"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, bootstrap, topics.prefix, str(spool_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(child.stdout or []), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(lines) > 300, "the child to log 300 events", 60.0)
+        broker.down()
+        wait_for(lambda: spooled_ids(spool_dir), "the child to spool events", 60.0)
+        time.sleep(2.0)  # a few more timeouts spooled, more events in memory
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    reader.join(5.0)
+    producer_id, logged = lines[0].strip(), int(lines[-1])  # events log() returned for
+    spooled = spooled_ids(spool_dir)
+    bring_up(broker, topics)
+    delivered = {(e["producer_id"], e["seq"]) for e in events_on_topic(bootstrap, topics.events)}
+    replay = subprocess.run(
+        [sys.executable, "-m", "rlpulse.replay", str(spool_dir), "--bootstrap", bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    print(replay.stdout.strip())
+    after = events_on_topic(bootstrap, topics.events)
+    before_kill = delivered | spooled
+    in_memory = logged - len(before_kill)
+    print(
+        f"killed after {logged} log() calls: {len(delivered)} delivered, {len(spooled)} "
+        f"spooled ({len(delivered & spooled)} both), {in_memory} only in memory (lost)"
+    )
+    assert {pid for pid, _seq in before_kill} == {producer_id}
+    assert all(seq <= logged for _pid, seq in before_kill)
+    arrived = Counter((e["producer_id"], e["seq"]) for e in after)
+    assert before_kill <= set(arrived)
+    assert set(arrived) == before_kill, "the replay sent something that was never spooled"
+    assert_no_spool_left(spool_dir)
+
+
+def spooled_ids(spool_dir: Path) -> set[EventId]:
+    ids: set[EventId] = set()
+    for paths in spool_files(spool_dir).values():
+        for path in paths:
+            ids |= {(e.producer_id, e.seq) for e in read_spool_file(path)[0]}
+    return ids
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)

@@ -1,0 +1,139 @@
+"""The hot-path TrainerEvent encoder writes exactly what the codec writes (no broker)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlpulse.producers import InvalidFieldError
+from rlpulse.producers import wire as wire_module
+from rlpulse.producers.wire import EventEncoder, EventSource, zigzag
+from rlpulse.schemas.codec import Codec, default_codec
+from rlpulse.schemas.records import EventKind
+
+LONGS = st.integers(-(2**63), 2**63 - 1)
+INTS = st.integers(-(2**31), 2**31 - 1)
+TEXT = st.text(max_size=20)
+KINDS: st.SearchStrategy[EventKind] = st.sampled_from(["metrics", "log", "run_start", "run_end"])
+
+
+def source(**overrides: object) -> EventSource:
+    fields: dict[str, object] = {
+        "run_id": "run-a",
+        "attempt": 0,
+        "rank": 0,
+        "tags": {},
+        "hostname": "host",
+        "pid": 42,
+        "producer_id": "p" * 32,
+    }
+    fields.update(overrides)
+    return EventSource(**fields)  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    src=st.builds(
+        EventSource,
+        run_id=TEXT.filter(bool),
+        attempt=st.integers(0, 2**31 - 1),
+        rank=st.integers(0, 2**31 - 1),
+        tags=st.dictionaries(TEXT, TEXT, max_size=3),
+        hostname=TEXT,
+        pid=INTS,
+        producer_id=TEXT,
+    ),
+    kind=KINDS,
+    step=LONGS,
+    stage=TEXT.filter(bool),
+    world_size=st.integers(1, 2**31 - 1),
+    metrics=st.dictionaries(
+        TEXT, st.floats(allow_nan=False) | st.integers(-(2**53), 2**53), max_size=25
+    ),
+    timestamp_ns=LONGS,
+    seq=LONGS,
+    level=st.none() | TEXT,
+    message=st.none() | TEXT,
+    policy_version=st.none() | LONGS,
+    trace_id=st.none() | TEXT,
+)
+def test_encoder_matches_the_codec_byte_for_byte(
+    src: EventSource,
+    kind: EventKind,
+    step: int,
+    stage: str,
+    world_size: int,
+    metrics: dict[str, float],
+    timestamp_ns: int,
+    seq: int,
+    level: str | None,
+    message: str | None,
+    policy_version: int | None,
+    trace_id: str | None,
+) -> None:
+    codec = default_codec()
+    encoder = EventEncoder(src, codec)
+    assert encoder.fast
+    args = (kind, step, stage, world_size, metrics, timestamp_ns, seq)
+    extra = {"level": level, "message": message, "policy_version": policy_version}
+    encoded = encoder.encode(*args, trace_id=trace_id, **extra)  # type: ignore[arg-type]
+    expected = codec.encode("TrainerEvent", encoder.record(*args, trace_id=trace_id, **extra))  # type: ignore[arg-type]
+    assert encoded == expected
+    assert codec.decode_event(encoded)["metrics"] == {k: float(v) for k, v in metrics.items()}
+
+
+def test_non_finite_values_survive() -> None:
+    codec = default_codec()
+    encoded = EventEncoder(source(), codec).encode(
+        "metrics", 1, "rollout", 1, {"nan": math.nan, "inf": -math.inf}, 0, 0
+    )
+    metrics = codec.decode_event(encoded)["metrics"]
+    assert math.isnan(metrics["nan"]) and metrics["inf"] == -math.inf
+
+
+def test_a_newer_schema_falls_back_to_the_codec(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire_module, "FAST_FINGERPRINT", b"\x00" * 8)
+    codec = Codec()
+    encoder = EventEncoder(source(tags={"a": "b"}), codec)
+    assert not encoder.fast
+    encoded = encoder.encode("log", 3, "actor", 2, {"x": 1}, 5, 6, level="INFO", message="m")
+    event = codec.decode_event(encoded)
+    assert (event["kind"], event["step"], event["metrics"], event["tags"]) == (
+        "log",
+        3,
+        {"x": 1.0},
+        {"a": "b"},
+    )
+
+
+@pytest.mark.parametrize("value", ["1.0", b"1", None, [1.0], object()])
+def test_bad_metric_value_names_its_key(value: object) -> None:
+    encoder = EventEncoder(source(), default_codec())
+    with pytest.raises(InvalidFieldError, match=r"metrics\['bad'\]"):
+        encoder.encode("metrics", 1, "s", 1, {"ok": 1.0, "bad": value}, 0, 0)  # type: ignore[dict-item]
+
+
+def test_bad_metric_key_and_mapping_are_refused() -> None:
+    encoder = EventEncoder(source(), default_codec())
+    with pytest.raises(InvalidFieldError, match="str metric names"):
+        encoder.encode("metrics", 1, "s", 1, {3: 1.0}, 0, 0)  # type: ignore[dict-item]
+    with pytest.raises(InvalidFieldError, match="mapping"):
+        encoder.encode("metrics", 1, "s", 1, [("a", 1.0)], 0, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("number", [0, 1, -1, 63, -64, 64, -65, 2**31, -(2**63), 2**63 - 1])
+def test_zigzag_matches_avro(number: int) -> None:
+    zz = (number << 1) ^ (number >> 63)
+    expected = bytearray()
+    while True:
+        byte = zz & 0x7F
+        zz >>= 7
+        if zz:
+            expected.append(byte | 0x80)
+        else:
+            expected.append(byte)
+            break
+    assert zigzag(number) == bytes(expected)
