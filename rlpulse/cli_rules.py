@@ -44,6 +44,42 @@ def check(
     raise typer.Exit(check_rules_files(paths))
 
 
+@rules_app.command("publish")
+def publish(
+    path: Annotated[Path, typer.Argument(help="The rules file.", exists=True, dir_okay=False)],
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers (default: as `rlpulse worker`).")
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "rlpulse",
+) -> None:
+    """Validate a rules file and publish it to every worker through the rules topic.
+
+    A file with problems is refused (exit 1) and nothing is published.
+    """
+    raise typer.Exit(publish_rules_file(path, bootstrap, prefix))
+
+
+def publish_rules_file(path: Path, bootstrap: str | None, prefix: str) -> int:
+    """Publish ``path`` to the rules topic; print the outcome; return the exit code."""
+    from rlpulse.config import resolve_bootstrap
+    from rlpulse.producers.config import ProducerConfig
+    from rlpulse.rules_publish import publish_rules
+
+    config = ProducerConfig(bootstrap_servers=resolve_bootstrap(bootstrap), topic_prefix=prefix)
+    try:
+        ruleset = publish_rules(path, config)
+    except RulesFileError as exc:
+        for problem in exc.problems:
+            typer.echo(str(problem), err=True)
+        typer.echo(f"not published: {path} has problems", err=True)
+        return 1
+    except TimeoutError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 1
+    typer.echo(f"published {path} ({len(ruleset.rules)} rules) to {config.topics.rules}")
+    return 0
+
+
 def check_rules_files(paths: Sequence[Path]) -> int:
     """Validate every rules file named by ``paths``; print the outcome; return the exit code.
 
