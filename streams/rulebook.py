@@ -194,8 +194,9 @@ class RulesTopicFollower:
                 message = self._consumer.poll(0.5)
                 if message is None or message.error() is not None:
                     continue
-                self._take(message.key(), message.value(), f"{self.topic}@{message.offset()}")
-                if message.offset() + 1 >= self._end_offset:
+                offset = message.offset() or 0
+                self._take(message.key(), message.value(), f"{self.topic}@{offset}")
+                if offset + 1 >= self._end_offset:
                     self._caught_up.set()
         finally:
             self._consumer.close()
