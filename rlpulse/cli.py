@@ -88,7 +88,13 @@ def broker_status(state_dir: StateDir = None) -> None:
 def worker(
     bootstrap: Bootstrap = None,
     prefix: Annotated[str, typer.Option(help="Topic prefix.")] = "rlpulse",
-    rules: Annotated[str, typer.Option(help="A rules file, or a preset name.")] = "seed",
+    rules: Annotated[
+        str,
+        typer.Option(
+            help="'topic': the rules published with `rlpulse rules publish` (seed until then); "
+            "a rules file (reloaded on change and SIGHUP); or a preset name."
+        ),
+    ] = "topic",
     partitions: Annotated[int, typer.Option(help="Partitions of the run-keyed topics.")] = 6,
     grace: Annotated[float, typer.Option(help="Seconds to wait for missing ranks.")] = 30.0,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics.")] = None,
@@ -101,13 +107,14 @@ def worker(
     from rlpulse.broker import default_cache_dir
     from rlpulse.config import resolve_bootstrap
     from rlpulse.rules import RulesError, load_rules_source
-    from rlpulse.streams.app import run_worker
+    from rlpulse.streams.app import RULES_FROM_TOPIC, run_worker
     from rlpulse.streams.settings import WorkerSettings
 
-    try:
-        ruleset = load_rules_source(rules)
-    except RulesError as exc:
-        raise _fail(str(exc)) from None
+    if rules != RULES_FROM_TOPIC:
+        try:
+            load_rules_source(rules)
+        except RulesError as exc:
+            raise _fail(str(exc)) from None
     settings = WorkerSettings(
         bootstrap_servers=resolve_bootstrap(bootstrap),
         topic_prefix=prefix,
@@ -116,11 +123,9 @@ def worker(
         metrics_port=metrics_port,
         data_dir=str(data_dir or default_cache_dir() / "worker-data" / prefix),
     )
-    err.print(
-        f"[dim]worker {settings.group_id}: {len(ruleset.rules)} rules from {rules}, "
-        f"Kafka {settings.bootstrap_servers}[/]"
-    )
-    run_worker(settings, ruleset, loglevel=log_level)
+    kafka = settings.bootstrap_servers
+    err.print(f"[dim]worker {settings.group_id}: rules from {rules}, Kafka {kafka}[/]")
+    run_worker(settings, rules, loglevel=log_level)
 
 
 @app.command()

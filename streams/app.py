@@ -19,21 +19,26 @@ published there: anything lost in flight is delivered, nothing is applied twice.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import faust
 from prometheus_client import CollectorRegistry
 
-from rlpulse.rules.evaluator import RuleEngine
-from rlpulse.rules.model import RuleSet
+from rlpulse.rules.loader import load_preset, load_rules_source
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.records import ControlCommand, StepSummary, TrainerEvent
 from rlpulse.streams.joiner import JoinerConfig, StepJoiner
 from rlpulse.streams.metrics import WorkerMetrics
+from rlpulse.streams.rulebook import RuleBook, RulesFileWatcher, RulesTopicFollower
 from rlpulse.streams.settings import WorkerSettings
 from rlpulse.streams.state_codec import register_state_codec
+
+log = logging.getLogger(__name__)
 
 REASON_HEADER = "rlpulse-reason"
 SOURCE_HEADER = "rlpulse-source"
@@ -50,14 +55,15 @@ class WorkerApp:
     def __init__(
         self,
         settings: WorkerSettings,
-        ruleset: RuleSet,
+        book: RuleBook,
         registry: CollectorRegistry | None = None,
         codec: Codec | None = None,
     ) -> None:
         self.settings = settings
         self.codec = codec or default_codec()
         self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
-        self.engine = RuleEngine(ruleset)
+        self.book = book
+        book.on_outcome = lambda outcome: self.metrics.rules_updates.labels(outcome).inc()
         state_codec = register_state_codec()
         topics = settings.topics
         app_options: dict[str, Any] = {
@@ -219,7 +225,7 @@ class WorkerApp:
             for command in self.issued.get(run_key) or []:
                 self.metrics.resent.labels("command").inc()
                 await self._publish_command(command)
-        state, commands = self.engine.evaluate(
+        state, commands = self.book.engine.evaluate(
             self.rule_state.get(run_key), summary, time.time_ns()
         )
         self.rule_state[run_key] = state
@@ -257,13 +263,43 @@ class WorkerApp:
         self._indexed_stages.clear()
 
 
-def run_worker(settings: WorkerSettings, ruleset: RuleSet, loglevel: str = "warning") -> None:
+RULES_FROM_TOPIC = "topic"
+
+
+def rules_book(settings: WorkerSettings, source: str) -> tuple[RuleBook, Callable[[], None]]:
+    """The worker's rule book for ``--rules SOURCE``, and a function that starts following it.
+
+    ``topic``: the rules published on ``<prefix>.rules`` (the seed preset until one is);
+    a file: that file, reloaded when it changes and on SIGHUP; else a preset name.
+    """
+    if source == RULES_FROM_TOPIC:
+        book = RuleBook(load_preset("seed"), "<preset seed, until rules are published>")
+        follower = RulesTopicFollower(book, settings.bootstrap_servers, settings.topics.rules)
+
+        def follow_topic() -> None:
+            follower.start()
+            if not follower.wait_caught_up(timeout_s=15.0):
+                log.warning(
+                    "rules topic not read to its end in 15 s; starting with %s", book.origin
+                )
+
+        return book, follow_topic
+    book = RuleBook(load_rules_source(source), source)
+    path = Path(source)
+    if not path.exists():
+        return book, lambda: None
+    return book, RulesFileWatcher(book, path).start
+
+
+def run_worker(settings: WorkerSettings, rules_source: str, loglevel: str = "warning") -> None:
     """Create the topics if needed and run a worker until SIGTERM or SIGINT."""
     from rlpulse.kafka_admin import ensure_topics
 
     ensure_topics(settings.bootstrap_servers, settings.topics, settings.partitions)
+    book, follow = rules_book(settings, rules_source)
+    follow()
     registry = CollectorRegistry()
-    worker_app = WorkerApp(settings, ruleset, registry=registry)
+    worker_app = WorkerApp(settings, book, registry=registry)
     if settings.metrics_port is not None:
         from prometheus_client import start_http_server
 

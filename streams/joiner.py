@@ -315,6 +315,29 @@ class StepJoiner:
         return summaries
 
 
+MAX_WORLD_SIZE = 65_536
+"""Largest world size accepted; a summary lists missing ranks, so this bounds its size."""
+MAX_METRICS = 4_096
+"""Most metrics one event may carry."""
+MAX_NAME_LENGTH = 512
+"""Longest run id, stage, metric or tag name accepted."""
+
+
+def _too_large(event: TrainerEvent) -> str | None:
+    """Why the event is too large to hold in worker state, or None."""
+    if event["world_size"] > MAX_WORLD_SIZE:
+        return f"too large: world_size {event['world_size']} > {MAX_WORLD_SIZE}"
+    if len(event["metrics"]) > MAX_METRICS:
+        return f"too large: {len(event['metrics'])} metrics > {MAX_METRICS}"
+    if len(event["tags"]) > MAX_METRICS:
+        return f"too large: {len(event['tags'])} tags > {MAX_METRICS}"
+    names = [event["run_id"], event["stage"], *event["metrics"], *event["tags"]]
+    longest = max(len(name) for name in names)
+    if longest > MAX_NAME_LENGTH:
+        return f"too large: a name of {longest} characters > {MAX_NAME_LENGTH}"
+    return None
+
+
 def _invalid(event: TrainerEvent) -> str | None:
     """Why the event cannot be joined, or None."""
     try:
@@ -352,6 +375,9 @@ def _invalid(event: TrainerEvent) -> str | None:
             return f"invalid: metrics {not_number} are not numbers"
         if not isinstance(event["tags"], dict) or not isinstance(event["producer_id"], str):
             return "invalid: tags must be a map and producer_id a string"
+        too_large = _too_large(event)
+        if too_large is not None:
+            return f"invalid: {too_large}"
     except KeyError as exc:
         return f"invalid: missing field {exc}"
     except (TypeError, AttributeError) as exc:

@@ -40,6 +40,12 @@ class WorkerMetrics:
             ["rule_id", "dry_run"],
             registry=registry,
         )
+        self.rules_updates = Counter(
+            "rlpulse_rules_updates_total",
+            "Rules texts offered to the worker, by outcome (loaded or refused).",
+            ["outcome"],
+            registry=registry,
+        )
         self.join_lag = Histogram(
             "rlpulse_step_join_seconds",
             "From a step's first event to its summary.",

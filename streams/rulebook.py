@@ -50,7 +50,7 @@ class RuleBook:
         self._engine = RuleEngine(ruleset)
         self.origin = origin
         self._digest: str | None = None
-        self._on_outcome = on_outcome or (lambda _outcome: None)
+        self.on_outcome: Counter = on_outcome or (lambda _outcome: None)
         self._lock = threading.Lock()
 
     @property
@@ -82,13 +82,13 @@ class RuleBook:
             len(ruleset.rules),
             ", ".join(changed) or "none",
         )
-        self._on_outcome("loaded")
+        self.on_outcome("loaded")
         return True
 
     def refuse(self, origin: str, reason: str) -> None:
         """Log and count a rules text that could not be used; the current rules stay."""
         log.error("refused rules from %s; keeping %s:\n%s", origin, self.origin, reason)
-        self._on_outcome("refused")
+        self.on_outcome("refused")
 
 
 class RulesFileWatcher:

@@ -302,6 +302,9 @@ def test_new_step_below_the_frontier_is_too_late() -> None:
         ({"metrics": {"a": 1.0, "b": "x"}}, "invalid: metrics ['b'] are not numbers"),
         ({"metrics": None}, "invalid: malformed event"),
         ({"tags": None}, "invalid: tags must be a map"),
+        ({"world_size": 2**31 - 1}, "invalid: too large: world_size 2147483647 > 65536"),
+        ({"metrics": {f"m{i}": 0.0 for i in range(5000)}}, "invalid: too large: 5000 metrics"),
+        ({"run_id": "r" * 10_000}, "invalid: too large: a name of 10000 characters > 512"),
     ],
 )
 def test_invalid_events_are_rejected(overrides: dict[str, Any], reason: str) -> None:
