@@ -1,58 +1,77 @@
 """Exact reductions shared by the step joiner, the rule evaluator and the backtest.
 
-DESIGN.md fixes the arithmetic so that every component computes bit-identical
-values: ``mean = fsum(x) / n``, ``var = fsum((x - mean) ** 2) / n`` (population),
-``std = sqrt(var)``. Any NaN input gives NaN; for ``var``/``std``/``zscore``/``slope``
-any infinite input gives NaN as well; ``sum``/``mean``/``min``/``max`` follow IEEE
-arithmetic for infinities (``inf + -inf`` is NaN).
+DESIGN.md fixes the arithmetic so that every component computes bit-identical values:
+``mean = fsum(x) / n``, ``var = fsum((x - mean)^2) / n`` (population), ``std = sqrt(var)``.
+Any NaN input gives NaN; for ``var``/``std``/``zscore``/``slope`` any infinite input gives
+NaN as well; ``sum``/``mean``/``min``/``max`` follow IEEE arithmetic for infinities.
 
-``math.fsum`` raises where the exact sum of finite values leaves the float range;
-there the sum is +-inf (what IEEE addition gives), and a mean — whose true value is
-representable — is computed as ``fsum(x / n)`` instead.
+IEEE results throughout, and never an exception: a square is the product ``x * x``
+(correctly rounded everywhere; ``x ** 2`` goes to libm's pow, which is not, and raises
+OverflowError); a sum is fsum's correctly rounded exact sum, also where ``math.fsum``
+raises instead (inf + -inf: NaN; a partial sum of finite values leaving the double range:
+the exact sum, rounded once, +-inf only if that overflows); a mean whose fsum overflows is
+the exact mean, rounded once (it is always representable).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from fractions import Fraction
 
 NAN = float("nan")
 
 
-def exact_sum(values: Sequence[float]) -> float:
-    """Correctly rounded sum; NaN if any value is NaN or infinities of both signs meet."""
+def _fraction_sum(values: Sequence[float]) -> Fraction:
+    return sum(map(Fraction, values), Fraction(0))
+
+
+def exact_sum(terms: Iterable[float]) -> float:
+    """``math.fsum``, with the IEEE answer where it raises; NaN if any value is NaN."""
+    values = list(terms)
     try:
         return math.fsum(values)
-    except ValueError:  # fsum refuses inf + -inf; IEEE says NaN
+    except ValueError:  # inf + -inf
         return NAN
-    except OverflowError:  # the exact sum of finite values overflows: IEEE gives +-inf
-        return float(sum(values))
+    except OverflowError:  # a partial sum overflowed
+        special = [value for value in values if not math.isfinite(value)]
+        if special:  # NaN, or the infinities decide
+            return exact_sum(special)
+        exact = _fraction_sum(values)
+        try:
+            return exact.numerator / exact.denominator  # correctly rounded
+        except OverflowError:
+            return math.inf if exact > 0 else -math.inf
 
 
 def exact_mean(values: Sequence[float]) -> float:
-    """``fsum(values) / n``; NaN for an empty sequence."""
+    """``fsum(x) / n``; the exact mean rounded once where the sum leaves the double range."""
     n = len(values)
     if not n:
         return NAN
     try:
         return math.fsum(values) / n
-    except ValueError:
+    except ValueError:  # inf + -inf
         return NAN
-    except OverflowError:
-        return math.fsum(v / n for v in values)
+    except OverflowError:  # a partial sum overflowed
+        special = [value for value in values if not math.isfinite(value)]
+        if special:
+            return exact_sum(special)
+        exact = _fraction_sum(values) / n  # |mean| <= max |x|: representable
+        return exact.numerator / exact.denominator
 
 
 def exact_var(values: Sequence[float]) -> float:
-    """Return the population variance; NaN if empty or if any value is not finite."""
-    if not values or not all(math.isfinite(v) for v in values):
+    """Population variance ``fsum((x - mean)^2) / n``; NaN if empty or any value not finite."""
+    if not values or not all(math.isfinite(value) for value in values):
         return NAN
     mean = exact_mean(values)
-    return exact_sum([(v - mean) * (v - mean) for v in values]) / len(values)
+    return exact_sum((value - mean) * (value - mean) for value in values) / len(values)
 
 
 def exact_std(values: Sequence[float]) -> float:
-    """Square root of :func:`exact_var`."""
-    return math.sqrt(exact_var(values)) if values else NAN
+    """``sqrt(var)``."""
+    return math.sqrt(exact_var(values))
 
 
 def nan_min(values: Sequence[float]) -> float:
@@ -69,26 +88,31 @@ def nan_max(values: Sequence[float]) -> float:
     return max(values)
 
 
+def delta(values: Sequence[float]) -> float:
+    """``last - first``; NaN if any value in the window is NaN."""
+    if not values or any(math.isnan(value) for value in values):
+        return NAN
+    return values[-1] - values[0]
+
+
 def slope(steps: Sequence[float], values: Sequence[float]) -> float:
     """Least-squares slope of ``values`` against ``steps``; NaN if undefined or not finite."""
-    n = len(values)
-    if n < 2 or len(steps) != n or not all(math.isfinite(v) for v in values):
+    if len(values) < 2 or not all(math.isfinite(value) for value in values):
         return NAN
-    mean_x = exact_mean(steps)
-    mean_y = exact_mean(values)
-    sxx = exact_sum([(x - mean_x) * (x - mean_x) for x in steps])
+    mean_x, mean_y = exact_mean(steps), exact_mean(values)
+    sxx = exact_sum((x - mean_x) * (x - mean_x) for x in steps)
     if sxx == 0:
         return NAN
-    sxy = exact_sum([(x - mean_x) * (y - mean_y) for x, y in zip(steps, values, strict=True)])
+    sxy = exact_sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values, strict=True))
     return sxy / sxx
 
 
 def zscore(values: Sequence[float]) -> float:
-    """``(last - mean(previous)) / std(previous)``; NaN if that std is 0 or an input not finite."""
-    if len(values) < 2:
+    """``(last - mean(previous)) / std(previous)``; NaN if that std is 0 or a value not finite."""
+    if len(values) < 2 or not all(math.isfinite(value) for value in values):
         return NAN
     previous = values[:-1]
     std = exact_std(previous)
-    if not math.isfinite(values[-1]) or math.isnan(std) or std == 0:
+    if std == 0:
         return NAN
     return (values[-1] - exact_mean(previous)) / std

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
-from rlpulse.rules.arith import exact_mean, exact_std, exact_var, nan_max, nan_min, slope, zscore
+from rlpulse.rules.arith import (
+    delta,
+    exact_mean,
+    exact_std,
+    exact_var,
+    nan_max,
+    nan_min,
+    slope,
+    zscore,
+)
 from rlpulse.rules.model import Comparison, Condition, NonFinite, Outside, Rule, RuleSet
 from rlpulse.rules.model import format_number as _exact
 from rlpulse.rules.state import (
@@ -35,6 +44,9 @@ COMMAND_NAMESPACE: Final = uuid.UUID("6f1c2a57-93e4-5d0b-8a3e-7c52d1b0e9f4")
 Reduction = Literal["mean", "min", "max", "sum", "std"]
 WindowFunction = Callable[[Sequence[float], Sequence[float]], float]  # (steps, values)
 
+
+# -- window statistics: the shared exact arithmetic of rules/arith.py ------------------------
+
 _WINDOW_STATS: Final[Mapping[str, WindowFunction]] = MappingProxyType(
     {
         "mean": lambda steps, values: exact_mean(values),
@@ -42,7 +54,7 @@ _WINDOW_STATS: Final[Mapping[str, WindowFunction]] = MappingProxyType(
         "var": lambda steps, values: exact_var(values),
         "min": lambda steps, values: nan_min(values),
         "max": lambda steps, values: nan_max(values),
-        "delta": lambda steps, values: values[-1] - values[0],
+        "delta": lambda steps, values: delta(values),
         "slope": slope,
         "zscore": lambda steps, values: zscore(values),
     }
