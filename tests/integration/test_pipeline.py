@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
 from rlpulse.worker_process import WorkerProcess
 from tests.integration.scripted_run import (
@@ -48,18 +49,27 @@ def assert_seed_commands(run: ScriptedRun) -> None:
     assert "0.5" in guard["reason"] and "0.3" in guard["reason"]
 
 
-def assert_every_step_summarised(summaries: list, run_id: str) -> None:  # type: ignore[type-arg]
-    firsts = {(s["stage"], s["step"]): s for s in summaries if s["revision"] == 1}
-    assert set(firsts) == {(stage, step) for stage in STAGES for step in range(1, STEPS + 1)}
-    for summary in firsts.values():
-        assert summary["ranks_reported"] == [0, 1, 2, 3]
-        assert summary["missing_ranks"] == []
-        assert summary["closed_by"] == "complete"
-    # A summary published twice (re-sent after a takeover) carries the same id.
-    ids_per_group: dict[tuple[str, int], set[str]] = {}
+def assert_every_step_summarised(summaries: list[StepSummary], *, all_complete: bool) -> None:
+    """Every step has a summary whose final revision holds all ranks; re-sends keep their id.
+
+    With ``all_complete`` the first revision must already hold every rank (no rank was late).
+    """
+    final: dict[tuple[str, int], StepSummary] = {}
     for s in summaries:
-        ids_per_group.setdefault((s["stage"], s["step"]), set()).add(s["summary_id"])
-    assert all(len(ids) == 1 for ids in ids_per_group.values())
+        key = (s["stage"], s["step"])
+        if key not in final or s["revision"] > final[key]["revision"]:
+            final[key] = s
+    assert set(final) == {(stage, step) for stage in STAGES for step in range(1, STEPS + 1)}
+    for summary in final.values():
+        assert summary["ranks_reported"] == [0, 1, 2, 3], summary
+        assert summary["missing_ranks"] == []
+        if all_complete:
+            assert (summary["revision"], summary["closed_by"]) == (1, "complete"), summary
+    # A summary published twice (re-sent after a takeover) carries the same id.
+    ids: dict[tuple[str, int, int], set[str]] = {}
+    for s in summaries:
+        ids.setdefault((s["stage"], s["step"], s["revision"]), set()).add(s["summary_id"])
+    assert all(len(same) == 1 for same in ids.values())
 
 
 def test_four_ranks_sixty_steps(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
@@ -76,7 +86,7 @@ def test_four_ranks_sixty_steps(kafka_bootstrap: str, topics: Topics, tmp_path: 
         run.close()
         worker.stop()
     assert len(summaries) == EXPECTED_SUMMARIES
-    assert_every_step_summarised(summaries, run.run_id)
+    assert_every_step_summarised(summaries, all_complete=True)
     rollout_30 = next(s for s in summaries if (s["stage"], s["step"]) == ("rollout", 30))
     assert rollout_30["metrics"]["reward_mean"]["mean"] == 3.0
     assert rollout_30["metrics"]["rank_time_s"]["max_rank"] == 3
@@ -110,12 +120,15 @@ def test_worker_restart_mid_run_loses_nothing_and_repeats_nothing(
         worker = start_worker(kafka_bootstrap, topics, tmp_path / "worker-2.log")
         run.receive_commands(want=2, timeout_s=90.0)
         summaries = summaries_of(
-            kafka_bootstrap, topics, run.run_id, EXPECTED_SUMMARIES, timeout_s=60.0
+            kafka_bootstrap, topics, run.run_id, EXPECTED_SUMMARIES, timeout_s=60.0, settle_s=10.0
         )
     finally:
         run.close()
         worker.stop()
-    assert_every_step_summarised(summaries, run.run_id)
+    # Events logged while no worker ran may reach the new worker with some ranks seconds
+    # behind the others (seen under CI load); a rank arriving after the grace period yields a
+    # revision, so the final revision of every step must hold all ranks.
+    assert_every_step_summarised(summaries, all_complete=False)
     assert_seed_commands(run)
     on_topic = commands_on_topic(kafka_bootstrap, topics, run.run_id)
     # Re-published commands are byte-for-byte the same command: the trainer dedupes them.
