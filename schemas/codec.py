@@ -54,7 +54,7 @@ class SchemaRegistry:
             match = _FILE_NAME.match(path.name)
             if match is None:
                 raise ValueError(f"{path}: schema files are named <Record>.v<N>.avsc")
-            parsed = parse_schema(json.loads(path.read_text()), _write_hint=False)
+            parsed = parse_schema(json.loads(path.read_text()))  # hinted: not re-parsed per call
             canonical = to_parsing_canonical_form(parsed)
             version = SchemaVersion(
                 name=match["name"],
