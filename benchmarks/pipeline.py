@@ -20,19 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
-from rlpulse.broker import LocalBroker
+from rlpulse.broker import bootstrap_or_local_broker
 from rlpulse.kafka_admin import ensure_topics
 from rlpulse.producers import EventLogger, ProducerConfig
 from rlpulse.schemas import default_codec
@@ -50,18 +48,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-@contextmanager
-def broker() -> Iterator[str]:
-    existing = os.environ.get("RLPULSE_BOOTSTRAP")
-    if existing:
-        yield existing
-        return
-    local = LocalBroker(state_dir=Path(tempfile.mkdtemp(prefix="rlpulse-bench-")), port=0)
-    info = local.up()
-    try:
-        yield info.bootstrap
-    finally:
-        local.down()
+def broker() -> AbstractContextManager[str]:
+    return bootstrap_or_local_broker(Path(tempfile.mkdtemp(prefix="rlpulse-bench-")))
 
 
 def consumer(bootstrap: str, topic: str) -> Consumer:

@@ -27,12 +27,12 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from rlpulse.broker import LocalBroker
+from rlpulse.broker import bootstrap_or_local_broker
 from rlpulse.kafka_admin import ensure_topics
 from rlpulse.producers import EventLogger, ProducerConfig
 from rlpulse.schemas.topics import Topics
@@ -70,18 +70,8 @@ def timed_calls(call: Callable[[int], object], calls: int) -> dict[str, float]:
     }
 
 
-@contextmanager
-def running_broker() -> Iterator[str]:
-    existing = os.environ.get("RLPULSE_BOOTSTRAP")
-    if existing:
-        yield existing
-        return
-    local = LocalBroker(state_dir=Path(tempfile.mkdtemp(prefix="rlpulse-bench-")), port=0)
-    info = local.up()
-    try:
-        yield info.bootstrap
-    finally:
-        local.down()
+def running_broker() -> AbstractContextManager[str]:
+    return bootstrap_or_local_broker(Path(tempfile.mkdtemp(prefix="rlpulse-bench-")))
 
 
 def bench_rlpulse(

@@ -31,10 +31,15 @@ def _bootstrap_from_env() -> str:
     return os.environ.get(BOOTSTRAP_ENV, "").strip() or DEFAULT_BOOTSTRAP
 
 
+def rlpulse_home() -> Path:
+    """Where rlpulse keeps local files: ``$RLPULSE_HOME``, else ``~/.cache/rlpulse``."""
+    home = os.environ.get(HOME_ENV, "").strip()
+    return Path(home) if home else Path.home() / ".cache" / "rlpulse"
+
+
 def default_spool_root() -> Path:
     """``$RLPULSE_HOME/spool``, else ``~/.cache/rlpulse/spool``."""
-    home = os.environ.get(HOME_ENV, "").strip()
-    return (Path(home) if home else Path.home() / ".cache" / "rlpulse") / "spool"
+    return rlpulse_home() / "spool"
 
 
 class ProducerConfig(BaseModel):

@@ -21,13 +21,14 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from string import Template
 
 from rlpulse.exceptions import BrokerError
+from rlpulse.producers.config import rlpulse_home
 
 DEFAULT_PORT = 9092
 START_TIMEOUT_S = 120.0
@@ -39,8 +40,7 @@ Progress = Callable[[str], None]
 
 def default_cache_dir() -> Path:
     """Where rlpulse keeps Kafka jars and broker state: ``$RLPULSE_HOME`` or ~/.cache/rlpulse."""
-    home = os.environ.get("RLPULSE_HOME")
-    return Path(home) if home else Path.home() / ".cache" / "rlpulse"
+    return rlpulse_home()
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,21 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def bootstrap_or_local_broker(state_dir: Path) -> Iterator[str]:
+    """``$RLPULSE_BOOTSTRAP`` if set, else a local broker in ``state_dir``, stopped on exit."""
+    existing = os.environ.get("RLPULSE_BOOTSTRAP")
+    if existing:
+        yield existing
+        return
+    broker = LocalBroker(state_dir=state_dir, port=0)
+    info = broker.up()
+    try:
+        yield info.bootstrap
+    finally:
+        broker.down()
 
 
 class KafkaJars:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from rlpulse.broker import bootstrap_or_local_broker, default_cache_dir
 from rlpulse.kafka_admin import ensure_topics
 from rlpulse.schemas.topics import Topics
 
@@ -15,21 +15,9 @@ from rlpulse.schemas.topics import Topics
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address of a real broker: ``RLPULSE_BOOTSTRAP``, or one started for the session."""
-    existing = os.environ.get("RLPULSE_BOOTSTRAP")
-    if existing:
-        yield existing
-        return
-    from rlpulse.broker import LocalBroker, default_cache_dir
-
-    broker = LocalBroker(
-        state_dir=default_cache_dir() / f"test-broker-{uuid.uuid4().hex[:8]}",
-        port=0,
-    )
-    info = broker.up()
-    try:
-        yield info.bootstrap
-    finally:
-        broker.down()
+    state_dir = default_cache_dir() / f"test-broker-{uuid.uuid4().hex[:8]}"
+    with bootstrap_or_local_broker(state_dir) as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture
