@@ -28,12 +28,6 @@ class WorkerMetrics:
             ["closed_by"],
             registry=registry,
         )
-        self.resent = Counter(
-            "rlpulse_resent_total",
-            "Summaries and commands re-published after a partition takeover.",
-            ["kind"],
-            registry=registry,
-        )
         self.commands = Counter(
             "rlpulse_commands_total",
             "Control commands issued by rules.",
