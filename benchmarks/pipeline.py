@@ -1,30 +1,42 @@
-"""Pipeline benchmark: events/s through one worker, and command latency end to end.
+"""Pipeline benchmark: events/s through one worker against its ceiling, and command latency.
 
-Prints one JSON object per line:
+Prints one JSON object per line, all measured in the same run on the same broker:
 
-- ``kafka_roundtrip``: produce -> consume latency of bare Kafka on the same broker
-  (the floor under any pipeline latency), measured in this run as the baseline;
-- ``worker_throughput``: a backlog of events (runs x ranks x steps, ``--metrics``
-  metrics each) is produced first, then one worker is started; events/s is the backlog
-  divided by the time from the worker joining its group to the last StepSummary;
-- ``command_latency``: with the worker running, runs whose KL passes 0.3 for three
-  steps are played one after another; latency is from the moment the last rank's
-  event of the firing step was produced to the moment the kl-guard command is read
-  from the control topic;
-- ``latency_vs_kafka``: the ratio of the two latency medians.
+- ``kafka_roundtrip``: produce -> consume latency of bare Kafka (the floor under any
+  pipeline latency);
+- ``bare_agent_throughput``: a backlog of events (runs x ranks x steps, ``--metrics``
+  metrics each, produced with the trainers' producer settings) read by a faust agent that
+  only decodes them, built from the worker's own faust app and batching (the ceiling of
+  this design); events/s is the backlog over the time from the agent joining its group to
+  its last decode;
+- ``worker_throughput``: the same backlog through a full worker (joiner, tables, rule
+  agent); events/s is the backlog over the time from the worker joining its group to the
+  last StepSummary read back;
+- ``worker_vs_bare``: the ratio of the two rates;
+- ``command_latency``: with a background load of ``--load-fraction`` (80 %) of the
+  measured worker rate running on the same worker, runs whose KL passes 0.3 for three
+  steps are played one after another; latency is from producing the last rank's event of
+  the firing step to reading the kl-guard command from the control topic;
+- ``latency_vs_kafka``: the ratio of the two latency medians;
+- ``targets``: each target of issue 5 and whether this run met it.
 
-Uses ``RLPULSE_BOOTSTRAP`` if set, otherwise starts (and stops) a local broker.
+``--profile FILE`` runs only the worker throughput phase, with the worker under cProfile,
+and prints its 30 most expensive functions. Uses ``RLPULSE_BOOTSTRAP`` if set, otherwise
+starts (and stops) a local broker.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import pstats
 import statistics
+import sys
 import tempfile
+import threading
 import time
 import uuid
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +49,8 @@ from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.worker_process import WorkerProcess
 
+PARTITIONS = 6
+
 
 def emit(name: str, **fields: Any) -> None:
     print(json.dumps({"bench": "pipeline", "name": name, **fields}), flush=True)
@@ -46,10 +60,6 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
-
-
-def broker() -> AbstractContextManager[str]:
-    return bootstrap_or_local_broker(Path(tempfile.mkdtemp(prefix="rlpulse-bench-")))
 
 
 def consumer(bootstrap: str, topic: str) -> Consumer:
@@ -66,10 +76,15 @@ def consumer(bootstrap: str, topic: str) -> Consumer:
     return c
 
 
+def trainer_producer(bootstrap: str) -> Producer:
+    """A producer with the settings EventLogger uses (batching, compression)."""
+    return Producer(ProducerConfig(bootstrap_servers=bootstrap).producer_settings())
+
+
 def kafka_roundtrip(bootstrap: str, samples: int) -> list[float]:
     topics = Topics(prefix=f"bench-rt-{uuid.uuid4().hex[:8]}")
     ensure_topics(bootstrap, topics, partitions=1)
-    producer = Producer(ProducerConfig(bootstrap_servers=bootstrap).producer_settings())
+    producer = trainer_producer(bootstrap)
     reader = consumer(bootstrap, topics.events)
     while not reader.assignment():
         reader.poll(0.1)
@@ -89,106 +104,372 @@ def kafka_roundtrip(bootstrap: str, samples: int) -> list[float]:
     return latencies
 
 
-def throughput(
-    bootstrap: str, runs: int, ranks: int, steps: int, metrics: int, workdir: Path
-) -> None:
+class Load:
+    """TrainerEvents of ``runs`` runs x ``ranks`` ranks, step after step, encoded up front."""
+
+    def __init__(self, runs: int, ranks: int, metrics: int, label: str) -> None:
+        self.runs, self.ranks, self.metrics = runs, ranks, metrics
+        self.names = [f"metric_{i}" for i in range(metrics)]
+        self.label = label
+        self.codec = default_codec()
+
+    def encode(self, steps: range) -> list[tuple[bytes, bytes]]:
+        """(key, value) of every event of ``steps``, in the order trainers would send them."""
+        out = []
+        now = time.time_ns()
+        for step in steps:
+            for run in range(self.runs):
+                run_id = f"{self.label}-{run}"
+                for rank in range(self.ranks):
+                    event = {
+                        "kind": "metrics",
+                        "run_id": run_id,
+                        "attempt": 0,
+                        "step": step,
+                        "stage": "rollout",
+                        "rank": rank,
+                        "world_size": self.ranks,
+                        "metrics": {name: 0.1 * step + rank for name in self.names},
+                        "tags": {},
+                        "timestamp_ns": now,
+                        "hostname": "bench",
+                        "pid": 0,
+                        "producer_id": f"{run_id}/{rank}",
+                        "seq": step,
+                    }
+                    out.append((run_id.encode(), self.codec.encode("TrainerEvent", event)))
+        return out
+
+    def describe(self, **extra: Any) -> dict[str, Any]:
+        return {"runs": self.runs, "ranks": self.ranks, "metrics_per_event": self.metrics, **extra}
+
+
+def produce_all(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+    producer = trainer_producer(bootstrap)
+    for key, value in messages:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(120)
+
+
+class BareAgentProcess(WorkerProcess):
+    """This file run as ``bare-agent``: a faust agent that only decodes the events topic."""
+
+    def __init__(self, bootstrap: str, prefix: str, log_file: Path, expect: int) -> None:
+        super().__init__(bootstrap, prefix, log_file, partitions=PARTITIONS)
+        self.expect = expect
+        self.done_file = log_file.with_suffix(".done")
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.prefix}-bare"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "bare-agent",
+            self.bootstrap,
+            self.prefix,
+            str(self.expect),
+            str(self.done_file),
+        ]
+
+
+class ProfiledWorker(WorkerProcess):
+    """The worker child under cProfile, writing its profile to ``profile_file`` on exit."""
+
+    def __init__(self, *args: Any, profile_file: Path, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.profile_file = profile_file
+
+    def command(self) -> list[str]:
+        python, *rest = super().command()
+        return [python, "-m", "cProfile", "-o", str(self.profile_file), *rest]
+
+
+def bare_agent_main(bootstrap: str, prefix: str, expect: int, done_file: str) -> None:
+    """Child process: decode ``expect`` events of ``<prefix>.events``, then write the time."""
+    import faust
+
+    from rlpulse.streams.app import batches, faust_app
+    from rlpulse.streams.settings import WorkerSettings
+
+    settings = WorkerSettings(
+        bootstrap_servers=bootstrap,
+        topic_prefix=prefix,
+        app_id=f"{prefix}-bare",
+        partitions=PARTITIONS,
+        data_dir=str(Path(done_file).parent / f"{prefix}-bare-data"),
+    )
+    app = faust_app(settings)
+    codec = default_codec()
+    decoded = 0
+    first: tuple[float, int] | None = None
+
+    async def decode_only(stream: Any) -> None:
+        nonlocal decoded, first
+        async for events in batches(stream, settings):
+            for event in events:
+                codec.decode_event(event.message.value)
+            decoded += len(events)
+            if first is None:
+                first = (time.time(), decoded)
+            if decoded >= expect:
+                Path(done_file).write_text(json.dumps([*first, time.time()]))
+
+    topic = app.topic(settings.topics.events, key_type=bytes, value_type=bytes)
+    app.agent(topic, name="bench.decode")(decode_only)
+    faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+
+
+def backlog(bootstrap: str, load: Load, steps: int) -> Topics:
+    """Fresh topics whose events topic holds ``steps`` steps of ``load``."""
     topics = Topics(prefix=f"bench-tp-{uuid.uuid4().hex[:8]}")
-    ensure_topics(bootstrap, topics, partitions=6)
-    config = ProducerConfig(bootstrap_servers=bootstrap, topic_prefix=topics.prefix)
-    names = [f"metric_{i}" for i in range(metrics)]
-    loggers = [
-        EventLogger(f"run-{r}", rank=rank, world_size=ranks, config=config)
-        for r in range(runs)
-        for rank in range(ranks)
-    ]
-    for step in range(steps):
-        for logger in loggers:
-            logger.log({name: 0.1 * step for name in names}, step=step, stage="rollout")
-    for logger in loggers:
-        logger.close(timeout_s=60)
-    events = runs * ranks * steps
-    want = runs * steps
+    ensure_topics(bootstrap, topics, partitions=PARTITIONS)
+    produce_all(bootstrap, topics.events, load.encode(range(steps)))
+    return topics
+
+
+def drain_rates(
+    bootstrap: str, load: Load, steps: int, workdir: Path, baseline: Path | None
+) -> dict[str, float]:
+    """Events/s of the bare agent and the worker (and a baseline worker) over one backlog."""
+    topics = backlog(bootstrap, load, steps)
+    events = load.runs * load.ranks * steps
+    shape = load.describe(steps=steps)
+    rates = {"bare": bare_rate(bootstrap, topics, events, workdir)}
+    emit("bare_agent_throughput", events=events, events_per_s=rates["bare"], load=shape)
+    if baseline is not None:
+        # same events, own topics: a worker of another version must not share our tables
+        old_topics = backlog(bootstrap, load, steps)
+        per_s, complete = worker_rate(bootstrap, old_topics, load.runs * steps, workdir, baseline)
+        emit(
+            "baseline_worker_throughput",
+            code=str(baseline),
+            events=events,
+            events_per_s=round(per_s * load.ranks, 1),
+            complete=complete,
+            load=shape,
+        )
+    per_s, complete = worker_rate(bootstrap, topics, load.runs * steps, workdir)
+    rates["full"] = round(per_s * load.ranks, 1)
+    emit(
+        "worker_throughput",
+        events=events,
+        events_per_s=rates["full"],
+        complete=complete,
+        load=shape,
+    )
+    emit("worker_vs_bare", ratio=round(rates["full"] / rates["bare"], 3))
+    return rates
+
+
+def profile_worker(bootstrap: str, load: Load, steps: int, workdir: Path, out: Path) -> None:
+    """The worker over a backlog under cProfile; prints its most expensive functions."""
+    topics = backlog(bootstrap, load, steps)
+    per_s, complete = worker_rate(bootstrap, topics, load.runs * steps, workdir, profile=out)
+    emit("profiled_worker_throughput", events_per_s=round(per_s * load.ranks, 1), complete=complete)
+    pstats.Stats(str(out)).sort_stats("tottime").print_stats(30)
+
+
+def bare_rate(bootstrap: str, topics: Topics, events: int, workdir: Path) -> float:
+    agent = BareAgentProcess(bootstrap, topics.prefix, workdir / "bare-agent.log", events)
+    agent.start()
+    try:
+        agent.wait_consuming(timeout_s=120)
+        deadline = time.monotonic() + 600
+        while not agent.done_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        started, first_batch, finished = map(float, json.loads(agent.done_file.read_text()))
+    finally:
+        agent.stop()
+    return round((events - first_batch) / (finished - started), 1)
+
+
+def worker_rate(
+    bootstrap: str,
+    topics: Topics,
+    want: int,
+    workdir: Path,
+    code: Path | None = None,
+    profile: Path | None = None,
+) -> tuple[float, bool]:
+    """Summaries per second from the first to the last of ``want``, and whether all came.
+
+    Counting from the first summary leaves the worker's start-up (table recovery) out.
+
+    ``code``: run the worker from that source tree instead; ``profile``: under cProfile.
+    """
     reader = consumer(bootstrap, topics.steps)
-    worker = WorkerProcess(bootstrap, topics.prefix, workdir / "tp-worker.log", partitions=6)
-    worker.start()
+    log = workdir / f"{topics.prefix}-worker.log"
+    worker = (
+        WorkerProcess(bootstrap, topics.prefix, log, partitions=PARTITIONS)
+        if profile is None
+        else ProfiledWorker(
+            bootstrap, topics.prefix, log, partitions=PARTITIONS, profile_file=profile
+        )
+    )
+    saved = os.environ.get("PYTHONPATH")
+    if code is not None:
+        os.environ["PYTHONPATH"] = str(code)
+    try:
+        worker.start()
+    finally:
+        if code is not None:
+            os.environ.pop("PYTHONPATH")
+            if saved is not None:
+                os.environ["PYTHONPATH"] = saved
     try:
         worker.wait_consuming(timeout_s=120)
-        started = time.perf_counter()
         seen: set[str] = set()
         deadline = time.monotonic() + 600
         codec = default_codec()
+        started = finished = 0.0
         while len(seen) < want and time.monotonic() < deadline:
             message = reader.poll(0.5)
             if message is not None and message.error() is None:
                 seen.add(codec.decode_summary(message.value() or b"")["summary_id"])
-        elapsed = time.perf_counter() - started
+                finished = time.perf_counter()
+                started = started or finished
     finally:
         worker.stop()
         reader.close()
-    emit(
-        "worker_throughput",
-        events=events,
-        summaries=len(seen),
-        seconds=round(elapsed, 3),
-        events_per_s=round(events / elapsed, 1),
-        load={"runs": runs, "ranks": ranks, "steps": steps, "metrics_per_event": metrics},
-        complete=len(seen) == want,
-    )
+    return (len(seen) - 1) / (finished - started), len(seen) == want
 
 
-def command_latency(bootstrap: str, samples: int, ranks: int, workdir: Path) -> list[float]:
-    topics = Topics(prefix=f"bench-lat-{uuid.uuid4().hex[:8]}")
-    ensure_topics(bootstrap, topics, partitions=6)
-    config = ProducerConfig(bootstrap_servers=bootstrap, topic_prefix=topics.prefix)
+class BackgroundLoad(threading.Thread):
+    """Produces pre-encoded events at a steady rate until stopped."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]], rate: float
+    ):
+        super().__init__(daemon=True)
+        self.producer = trainer_producer(bootstrap)
+        self.topic, self.messages, self.rate = topic, messages, rate
+        self.sent = 0
+        self.elapsed = 0.0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        started = time.perf_counter()
+        while not self.halt.is_set() and self.sent < len(self.messages):
+            due = min(len(self.messages), int((time.perf_counter() - started) * self.rate))
+            for key, value in self.messages[self.sent : due]:
+                try:
+                    self.producer.produce(self.topic, key=key, value=value)
+                except BufferError:
+                    break
+                self.sent += 1
+            self.producer.poll(0)
+            time.sleep(0.005)
+        self.elapsed = time.perf_counter() - started
+        self.producer.flush(30)
+
+
+def probe(run_id: str, ranks: int, config: ProducerConfig, reader: Consumer) -> float | None:
+    """Milliseconds from a kl-guard run's firing event to its command; None after 30 s."""
     codec = default_codec()
+    loggers = [EventLogger(run_id, rank=r, world_size=ranks, config=config) for r in range(ranks)]
+    for step in (1, 2, 3):
+        for logger in loggers:
+            logger.log({"kl_divergence": 0.5}, step=step, stage="actor")
+        if step < 3:
+            for logger in loggers:
+                logger.flush(10)
+    produced = time.perf_counter()
+    for logger in loggers:
+        logger.flush(10)
+    latency = None
+    deadline = time.monotonic() + 30
+    while latency is None and time.monotonic() < deadline:
+        message = reader.poll(0.01)
+        if message is None or message.error() is not None:
+            continue
+        if codec.decode_command(message.value() or b"")["run_id"] == run_id:
+            latency = (time.perf_counter() - produced) * 1000
+    for logger in loggers:
+        logger.close(10)
+    return latency
+
+
+def command_latency(
+    bootstrap: str, samples: int, load: Load, rate: float, workdir: Path
+) -> tuple[list[float], dict[str, Any]]:
+    """Latencies of ``samples`` probes while ``load`` runs at ``rate``, and the load's shape."""
+    topics = Topics(prefix=f"bench-lat-{uuid.uuid4().hex[:8]}")
+    ensure_topics(bootstrap, topics, partitions=PARTITIONS)
+    config = ProducerConfig(bootstrap_servers=bootstrap, topic_prefix=topics.prefix)
+    # enough background events for the whole phase: ~0.6 s per sample plus slack
+    per_step = load.runs * load.ranks
+    background = load.encode(range(int(rate * (samples * 0.6 + 30) / per_step) + 1))
     reader = consumer(bootstrap, topics.control)
     worker = WorkerProcess(bootstrap, topics.prefix, workdir / "lat-worker.log", partitions=6)
     worker.start()
     latencies: list[float] = []
+    loader = BackgroundLoad(bootstrap, topics.events, background, rate)
     try:
         worker.wait_consuming(timeout_s=120)
         while not reader.assignment():
             reader.poll(0.1)
+        # the first probe waits for the worker to finish starting (table recovery)
+        probe("warm-up", load.ranks, config, reader)
+        loader.start()
+        time.sleep(3.0)  # let the worker reach its steady state under the load
         for sample in range(samples):
-            run_id = f"lat-{sample}"
-            loggers = [
-                EventLogger(run_id, rank=r, world_size=ranks, config=config) for r in range(ranks)
-            ]
-            for step in (1, 2, 3):
-                for logger in loggers:
-                    logger.log({"kl_divergence": 0.5}, step=step, stage="actor")
-                if step < 3:
-                    for logger in loggers:
-                        logger.flush(10)
-            produced = time.perf_counter()
-            for logger in loggers:
-                logger.flush(10)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                message = reader.poll(0.05)
-                if message is None or message.error() is not None:
-                    continue
-                if codec.decode_command(message.value() or b"")["run_id"] == run_id:
-                    latencies.append((time.perf_counter() - produced) * 1000)
-                    break
-            for logger in loggers:
-                logger.close(10)
+            latency = probe(f"lat-{sample}", load.ranks, config, reader)
+            if latency is not None:
+                latencies.append(latency)
     finally:
+        loader.halt.set()
+        loader.join(60)
         worker.stop()
         reader.close()
-    return latencies
+    achieved = loader.sent / loader.elapsed if loader.elapsed else 0.0
+    shape = load.describe(
+        target_events_per_s=round(rate, 1),
+        achieved_events_per_s=round(achieved, 1),
+        probe_ranks=load.ranks,
+        probes="one kl-guard run at a time",
+    )
+    return latencies, shape
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "bare-agent":
+        bootstrap, prefix, expect, done_file = sys.argv[2:6]
+        bare_agent_main(bootstrap, prefix, int(expect), done_file)
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--metrics", type=int, default=8)
     parser.add_argument("--latency-samples", type=int, default=40)
+    parser.add_argument("--load-fraction", type=float, default=0.8)
+    parser.add_argument("--profile", type=Path, default=None)
+    parser.add_argument(
+        "--latency-at", type=float, default=None, help="only the latency phase, at this load"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="also measure a worker run from this source tree (e.g. an earlier commit)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))
-    with broker() as bootstrap:
+    load = Load(args.runs, args.ranks, args.metrics, label="run")
+    with bootstrap_or_local_broker(Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))) as bootstrap:
+        if args.profile is not None:
+            profile_worker(bootstrap, load, args.steps, workdir, args.profile)
+            return
         baseline = kafka_roundtrip(bootstrap, samples=200)
         emit(
             "kafka_roundtrip",
@@ -196,18 +477,31 @@ def main() -> None:
             p50_ms=round(statistics.median(baseline), 2),
             p99_ms=round(percentile(baseline, 99), 2),
         )
-        throughput(bootstrap, args.runs, args.ranks, args.steps, args.metrics, workdir)
-        latencies = command_latency(bootstrap, args.latency_samples, args.ranks, workdir)
+        if args.latency_at is not None:
+            rates = {"full": args.latency_at / args.load_fraction, "bare": 0.0}
+        else:
+            rates = drain_rates(bootstrap, load, args.steps, workdir, args.baseline)
+        rate = args.load_fraction * rates["full"]
+        background = Load(args.runs, args.ranks, args.metrics, label="bg")
+        latencies, shape = command_latency(
+            bootstrap, args.latency_samples, background, rate, workdir
+        )
+        p50, p99 = statistics.median(latencies), percentile(latencies, 99)
         emit(
             "command_latency",
             samples=len(latencies),
-            p50_ms=round(statistics.median(latencies), 2),
-            p99_ms=round(percentile(latencies, 99), 2),
-            load={"ranks": args.ranks, "runs": args.latency_samples, "note": "one run at a time"},
+            p50_ms=round(p50, 2),
+            p99_ms=round(p99, 2),
+            max_ms=round(max(latencies), 2),
+            in_order_ms=[round(x) for x in latencies],
+            load=shape,
         )
+        emit("latency_vs_kafka", p50_ratio=round(p50 / statistics.median(baseline), 1))
         emit(
-            "latency_vs_kafka",
-            p50_ratio=round(statistics.median(latencies) / statistics.median(baseline), 1),
+            "targets",
+            worker_events_per_s_ge_10000=rates["full"] >= 10_000,
+            worker_ge_half_bare=rates["full"] >= 0.5 * rates["bare"],
+            command_p99_lt_1s=p99 < 1000 and len(latencies) == args.latency_samples,
         )
 
 

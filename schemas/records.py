@@ -8,7 +8,7 @@ the source of truth.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 EventKind = Literal["metrics", "log", "run_start", "run_end"]
 ClosedBy = Literal["complete", "grace", "run_end"]
@@ -70,6 +70,7 @@ class StepSummary(TypedDict):
     tags: dict[str, str]
     last_rank: int | None
     last_rank_lag_ns: int
+    stragglers: NotRequired[list[int]]  # v2; the codec fills it in when reading v1 data
     closed_by: ClosedBy
     first_event_ns: int
     last_event_ns: int

@@ -7,46 +7,120 @@ workers and moves them, with their table state, when workers come and go:
   into :class:`~rlpulse.streams.joiner.StepJoiner`; ticks (one per partition per
   ``tick_interval_s``, sent by every worker's timer) close the groups whose grace
   period ran out. Ticks travel through Kafka so that the timer's table writes happen
-  inside the stream, on the partition that owns the state, as faust requires.
+  inside the stream, on the partition that owns the state.
 - the **rule agent** reads ``<prefix>.steps`` and feeds each summary to
   :class:`~rlpulse.rules.evaluator.RuleEngine`; commands go to ``<prefix>.control``.
 
-All state lives in faust Tables backed by changelog topics. Summaries and commands
-have deterministic ids and their consumers count each id once, so when a worker takes
-over a partition (after a crash or a rebalance) it re-publishes what it had recently
-published there: anything lost in flight is delivered, nothing is applied twice.
+Input that cannot be used -- bytes that do not decode, events the joiner refuses, events
+beyond the size limits, even an event that trips a bug -- goes to ``<prefix>.dlq`` with its
+original key and bytes, a reason header and a source header, and is counted; the agent
+carries on with the next message.
+
+Speed. Both agents take their input in batches (what is buffered when the agent is ready, at
+most ``batch_max`` messages) and write their tables through
+:class:`~rlpulse.streams.write_behind.WriteBehind`: each changed record goes to its
+changelog once per batch instead of once per event.
+
+Crash safety: after any crash or rebalance no summary or command is lost and none is
+applied twice. Summaries and commands have deterministic ids and their consumers count
+each id once (the rule agent evaluates a step once; the trainer's ControlClient applies a
+command once), so publishing one twice is harmless; what must never happen is a state
+record saying "published" for something that was not. Each batch therefore ends with, in
+this order: (1) the summaries, commands and dead letters it produced, awaited until
+delivered; (2) the joiner's released groups, run index and partition index, awaited;
+(3) the joiner's stage records and the rule state. faust acks a batch's messages after
+that and commits offsets only after flushing its producer, so a committed offset implies
+(1)-(3) are durable. After a crash the new owner restores the tables from their changelogs
+and replays the messages after the committed offset: whatever subset of (1)-(3) had
+landed, the joiner (see its module docstring) and the rule engine recompute the same
+summaries and commands with the same ids, and everything a restored record calls
+published was delivered before that record was written.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import faust
+from faust.types import TP
 from prometheus_client import CollectorRegistry
 
 from rlpulse.rules.loader import load_preset, load_rules_source
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError
-from rlpulse.schemas.records import ControlCommand, StepSummary, TrainerEvent
-from rlpulse.streams.joiner import JoinerConfig, StepJoiner
+from rlpulse.schemas.records import StepSummary
+from rlpulse.streams.joiner import StepJoiner, stage_key
 from rlpulse.streams.metrics import WorkerMetrics
 from rlpulse.streams.rulebook import RuleBook, RulesFileWatcher, RulesTopicFollower
 from rlpulse.streams.settings import WorkerSettings
 from rlpulse.streams.state_codec import register_state_codec
+from rlpulse.streams.write_behind import WriteBehind, flush_in_order
 
-log = logging.getLogger(__name__)
+__all__ = ["REASON_HEADER", "SOURCE_HEADER", "WorkerApp", "faust_app", "run_worker"]
 
 REASON_HEADER = "rlpulse-reason"
 SOURCE_HEADER = "rlpulse-source"
 
+log = logging.getLogger(__name__)
 
-def stage_key(event: TrainerEvent) -> str:
-    """The joiner's key for the (run, attempt, stage) of an event."""
-    return f"{event['run_id']}|{event['attempt']}|{event['stage']}"
+
+def faust_app(settings: WorkerSettings) -> faust.App:
+    """The faust app of a worker (or of a benchmark agent beside it), without agents."""
+    options: dict[str, Any] = {
+        "broker": f"kafka://{settings.bootstrap_servers}",
+        "store": "memory://",
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+        "topic_partitions": settings.partitions,
+        "topic_allow_declare": True,
+        "autodiscover": False,
+        "web_enabled": settings.web_port > 0,
+        "web_host": "127.0.0.1",
+        "web_port": settings.web_port or 6066,
+        # A killed worker's partitions move to the others after this long.
+        "broker_session_timeout": 10.0,
+        "broker_heartbeat_interval": 1.0,
+        # A batch's writes to one partition leave in one produce batch.
+        "producer_max_batch_size": 256 * 1024,
+    }
+    if settings.data_dir is not None:
+        options["datadir"] = settings.data_dir
+    return faust.App(settings.group_id, **options)
+
+
+async def batches(stream: Any, settings: WorkerSettings) -> AsyncIterator[list[Any]]:
+    """The stream's events in lists of what is buffered when the agent is ready.
+
+    At most ``batch_max``; an empty buffer gets ``batch_linger_s`` once to fill up again.
+
+    A list's events are acked (so their offsets become committable) only when the caller
+    asks for the next list, i.e. after it has finished with them.
+    """
+    app = stream.app
+    manual = stream.noack()
+    queue = manual.channel.queue
+    batch: list[Any] = []
+    async for event in manual.events():
+        batch.append(event)
+        if len(batch) < settings.batch_max and queue.empty():
+            await asyncio.sleep(settings.batch_linger_s)
+        if len(batch) >= settings.batch_max or queue.empty():
+            if app.rebalancing or app.in_recovery:
+                # Fetched before faust finished restoring the tables: processing them now
+                # would write state that the restore then overwrites. Left unacked, they
+                # come again once faust seeks back to the committed offsets after recovery.
+                log.info("dropping %d messages delivered during recovery", len(batch))
+                batch = []
+                continue
+            yield batch
+            for done in batch:
+                await manual.ack(done)
+            batch = []
 
 
 class WorkerApp:
@@ -64,65 +138,42 @@ class WorkerApp:
         self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
         self.book = book
         book.on_outcome = lambda outcome: self.metrics.rules_updates.labels(outcome).inc()
+        self.app = faust_app(settings)
         state_codec = register_state_codec()
         topics = settings.topics
-        app_options: dict[str, Any] = {
-            "broker": f"kafka://{settings.bootstrap_servers}",
-            "store": "memory://",
-            "key_serializer": "raw",
-            "value_serializer": "raw",
-            "topic_partitions": settings.partitions,
-            "topic_allow_declare": True,
-            "autodiscover": False,
-            "web_enabled": settings.web_port > 0,
-            "web_host": "127.0.0.1",
-            "web_port": settings.web_port or 6066,
-            # A killed worker's partitions move to the others after this long.
-            "broker_session_timeout": 10.0,
-            "broker_heartbeat_interval": 1.0,
-        }
-        if settings.data_dir is not None:
-            app_options["datadir"] = settings.data_dir
-        self.app = faust.App(settings.group_id, **app_options)
 
         def topic(name: str) -> Any:
             return self.app.topic(
-                name,
-                key_type=bytes,
-                value_type=bytes,
-                partitions=settings.partitions,
-                internal=False,
+                name, key_type=bytes, value_type=bytes, partitions=settings.partitions
             )
 
-        def table(name: str) -> Any:
+        def table(name: str) -> WriteBehind:
             created: Any = self.app.Table(name, partitions=settings.partitions)
             # faust derives serializers from key_type/value_type; ours are plain JSON documents.
             created.key_serializer = created.value_serializer = state_codec
-            return created
+            return WriteBehind(created)
 
-        self.events_topic = topic(topics.events)
-        self.ticks_topic = topic(topics.ticks)
         self.steps_topic = topic(topics.steps)
         self.control_topic = topic(topics.control)
+        self.ticks_topic = topic(topics.ticks)
         self.dlq_topic = self.app.topic(topics.dlq, key_type=bytes, value_type=bytes)
         self.ticks_name = topics.ticks
+        self.events_name = topics.events
 
         self.groups = table("joiner-groups")
         self.stages = table("joiner-stages")
         self.runs = table("joiner-runs")
         self.partition_stages = table("joiner-partition-stages")
         self.rule_state = table("rule-state")
-        self.issued = table("rule-issued")
-        self.joiner = StepJoiner(
-            self.groups,
-            self.stages,
-            self.runs,
-            JoinerConfig(grace_s=settings.grace_s, late_window_s=settings.late_window_s),
-        )
-        # Partitions and run attempts this process re-published after taking them over.
-        self._resent_partitions: set[int] = set()
-        self._resent_runs: set[str] = set()
+        self.joiner = StepJoiner(self.groups, self.stages, self.runs, settings.joiner_config())
+        self._joiner_tables = (self.groups, self.stages, self.runs, self.partition_stages)
+        # Stage keys this process has put in (or found in) its partition's index.
         self._indexed_stages: set[str] = set()
+        # Partitions taken over since the last rebalance, and the next event offset of each.
+        self._owned: set[int] = set()
+        self._events_next: dict[int, int] = {}
+        # Per partition: the wanted offset the watchdog last saw and for how many ticks.
+        self._stalls: dict[int, tuple[int, int]] = {}
 
         self.app.agent(self.app.topic(topics.events, topics.ticks), name="rlpulse.joiner")(
             self._join_agent
@@ -134,74 +185,136 @@ class WorkerApp:
     # -- joiner ---------------------------------------------------------------------------
 
     async def _join_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            if message.partition not in self._resent_partitions:
-                await self._resend_partition(message.partition)
-            if message.topic == self.ticks_name:
-                await self._on_tick(message.partition)
-            else:
-                await self._on_event(message)
+        async for events in batches(stream, self.settings):
+            summaries: list[StepSummary] = []
+            deliveries: list[Awaitable[Any]] = []
+            for event in events:
+                message = event.message
+                for view in self._joiner_tables:
+                    view.partition = message.partition
+                if message.partition not in self._owned:
+                    self._take_over(message.partition)
+                if message.topic == self.ticks_name:
+                    if await self._may_expire(message.partition):
+                        summaries += self._on_tick(message.partition)
+                    else:
+                        self.metrics.ticks_deferred.inc()
+                elif message.offset >= self._events_next.get(message.partition, -1):
+                    self._events_next[message.partition] = message.offset + 1
+                    summaries += await self._on_event(message, deliveries)
+                else:  # delivered again after a seek: already in this worker's state
+                    self.metrics.redelivered.inc()
+            for summary in summaries:
+                deliveries.append(await self._publish_summary(summary))
+            await asyncio.gather(*deliveries)
+            await flush_in_order([self.groups, self.runs, self.partition_stages], [self.stages])
 
-    async def _resend_partition(self, partition: int) -> None:
-        """Re-publish the summaries a previous owner of ``partition`` may have lost in flight.
-
-        Runs before this process handles the partition's first message, so the table
-        holds exactly what earlier owners published; a fresh partition has nothing.
-        """
-        self._resent_partitions.add(partition)
-        stage_keys = list(self.partition_stages.get(f"p{partition}") or [])
-        for summary in self.joiner.recent_summaries(stage_keys, since_ns=0):
-            self.metrics.resent.labels("summary").inc()
-            await self._publish_summary(summary, count=False)
-
-    async def _on_event(self, message: Any) -> None:
+    async def _on_event(self, message: Any, deliveries: list[Awaitable[Any]]) -> list[StepSummary]:
+        """Join one event; a refused one is dead-lettered (its delivery added to ``deliveries``)."""
         self.metrics.events.inc()
+        data: bytes = message.value or b""
+        if len(data) > self.settings.max_event_bytes:
+            reason = f"too_large: {len(data)} bytes > {self.settings.max_event_bytes}"
+            deliveries.append(await self._dead_letter(message, reason))
+            return []
         try:
-            record = self.codec.decode_event(message.value or b"")
+            record = self.codec.decode_event(data)
         except DecodeError as exc:
-            await self._dead_letter(message, f"undecodable: {exc}", exc.failure.value)
-            return
-        self._index_stage(message.partition, record)
-        outcome = self.joiner.add(record, time.time_ns())
+            deliveries.append(await self._dead_letter(message, f"undecodable: {exc}"))
+            return []
+        try:
+            outcome = self.joiner.add(record, time.time_ns())
+            if outcome.rejected is None and record["kind"] in ("metrics", "log"):
+                self._index_stage(message.partition, stage_key(record))
+        except Exception as exc:  # a bug must not stop the worker: keep the event for a fix
+            log.exception("joiner failed on %s", _source(message))
+            deliveries.append(await self._dead_letter(message, f"error: {exc!r}"))
+            return []
         if outcome.duplicate:
             self.metrics.duplicates.inc()
         if outcome.rejected is not None:
-            await self._dead_letter(message, outcome.rejected, outcome.rejected.split(":")[0])
-        for summary in outcome.summaries:
-            await self._publish_summary(summary)
+            deliveries.append(await self._dead_letter(message, outcome.rejected))
+        return outcome.summaries
 
-    async def _on_tick(self, partition: int) -> None:
+    def _take_over(self, partition: int) -> None:
+        """Start owning ``partition``: its open groups get a fresh grace period."""
+        self._owned.add(partition)
+        stage_keys = list(self.partition_stages.get(f"p{partition}") or [])
+        reset = self.joiner.restart_grace(stage_keys, time.time_ns())
+        if reset:
+            log.info("took over partition %d with %d open steps", partition, reset)
+
+    def _unread(self, partition: int) -> tuple[int | None, int]:
+        """The next events offset this worker wants from ``partition``, and how many lie beyond."""
+        tp = TP(self.events_name, partition)
+        wanted = self._events_next.get(partition)
+        if wanted is None:  # nothing read since the takeover: it reads from the committed offset
+            wanted = getattr(self.app.consumer, "_committed_offset", {}).get(tp)
+        end = self.app.consumer.highwater(tp)
+        if end is None or wanted is None:
+            return wanted, 0
+        return wanted, max(end - wanted, 0)
+
+    async def _may_expire(self, partition: int) -> bool:
+        """Whether a tick may close ``partition``'s overdue steps; re-seeks a stalled partition.
+
+        Not while this worker is behind on the partition's events (more than
+        ``caught_up_lag`` unread) or while their delivery makes no progress: the missing ranks'
+        events may be in that backlog. A watchdog also covers a faust behaviour seen after a
+        restart: a partition whose delivery stops after a message or two while the consumer
+        believes it has read further. When a partition with unread events has delivered
+        nothing for ``stall_ticks`` ticks, the worker seeks it back to the offset it wants.
+        """
+        wanted, unread = self._unread(partition)
+        if wanted is None or unread == 0:
+            self._stalls.pop(partition, None)
+            return True
+        since, ticks = self._stalls.get(partition, (wanted, -1))
+        ticks = ticks + 1 if since == wanted else 0
+        self._stalls[partition] = (wanted, ticks)
+        if ticks >= self.settings.stall_ticks:
+            log.warning(
+                "events partition %d: nothing delivered past offset %d (%d unread) for %d "
+                "ticks; seeking back to it",
+                partition,
+                wanted,
+                unread,
+                ticks,
+            )
+            self.metrics.stalls.inc()
+            self._stalls.pop(partition, None)
+            await self.app.consumer.seek(TP(self.events_name, partition), wanted)
+        return ticks == 0 and unread <= self.settings.caught_up_lag
+
+    def _on_tick(self, partition: int) -> list[StepSummary]:
         key = f"p{partition}"
         stage_keys: list[str] = list(self.partition_stages.get(key) or [])
-        for summary in self.joiner.expire(time.time_ns(), stage_keys):
-            await self._publish_summary(summary)
+        summaries = self.joiner.expire(time.time_ns(), stage_keys)
         alive = [k for k in stage_keys if k in self.stages]
         if len(alive) != len(stage_keys):
             self.partition_stages[key] = alive
             self._indexed_stages.difference_update(set(stage_keys) - set(alive))
+        return summaries
 
-    def _index_stage(self, partition: int, record: TrainerEvent) -> None:
+    def _index_stage(self, partition: int, skey: str) -> None:
         """Remember which partition holds a stage, so that partition's ticks can expire it."""
-        skey = stage_key(record)
         if skey in self._indexed_stages:
             return
         key = f"p{partition}"
         known: list[str] = list(self.partition_stages.get(key) or [])
         if skey not in known:
-            known.append(skey)
-            self.partition_stages[key] = known
+            self.partition_stages[key] = [*known, skey]
         self._indexed_stages.add(skey)
 
-    async def _publish_summary(self, summary: StepSummary, count: bool = True) -> None:
-        if count:
-            self.metrics.summaries.labels(summary["closed_by"]).inc()
-            lag_s = (summary["emitted_ns"] - summary["first_event_ns"]) / 1e9
-            self.metrics.join_lag.observe(max(lag_s, 0.0))
-        await self.steps_topic.send(
+    async def _publish_summary(self, summary: StepSummary) -> Awaitable[Any]:
+        self.metrics.summaries.labels(summary["closed_by"]).inc()
+        lag_s = (summary["emitted_ns"] - summary["first_event_ns"]) / 1e9
+        self.metrics.join_lag.observe(max(lag_s, 0.0))
+        delivery: Awaitable[Any] = await self.steps_topic.send(
             key=summary["run_id"].encode(),
             value=self.codec.encode("StepSummary", summary),
         )
+        return delivery
 
     async def _send_ticks(self) -> None:
         for partition in range(self.settings.partitions):
@@ -210,57 +323,63 @@ class WorkerApp:
     # -- rules ----------------------------------------------------------------------------
 
     async def _rule_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            await self._on_summary(event.message)
+        async for events in batches(stream, self.settings):
+            deliveries: list[Awaitable[Any]] = []
+            for event in events:
+                self.rule_state.partition = event.message.partition
+                deliveries += await self._on_summary(event.message)
+            await asyncio.gather(*deliveries)
+            await flush_in_order([self.rule_state])
 
-    async def _on_summary(self, message: Any) -> None:
+    async def _on_summary(self, message: Any) -> list[Awaitable[Any]]:
         try:
             summary = self.codec.decode_summary(message.value or b"")
         except DecodeError as exc:
-            await self._dead_letter(message, f"undecodable: {exc}", exc.failure.value)
-            return
+            return [await self._dead_letter(message, f"undecodable: {exc}")]
         run_key = f"{summary['run_id']}|{summary['attempt']}"
-        if run_key not in self._resent_runs:
-            self._resent_runs.add(run_key)
-            for command in self.issued.get(run_key) or []:
-                self.metrics.resent.labels("command").inc()
-                await self._publish_command(command)
-        state, commands = self.book.engine.evaluate(
-            self.rule_state.get(run_key), summary, time.time_ns()
-        )
+        try:
+            state, commands = self.book.engine.evaluate(
+                self.rule_state.get(run_key), summary, time.time_ns()
+            )
+        except Exception as exc:  # a bug must not stop the worker: keep the summary for a fix
+            log.exception("rule engine failed on %s", _source(message))
+            return [await self._dead_letter(message, f"error: {exc!r}")]
         self.rule_state[run_key] = state
-        if not commands:
-            return
-        recent = list(self.issued.get(run_key) or []) + list(commands)
-        self.issued[run_key] = (
-            recent[-self.settings.recent_commands :] if self.settings.recent_commands else []
-        )
+        deliveries: list[Awaitable[Any]] = []
         for command in commands:
             self.metrics.commands.labels(command["rule_id"] or "", str(command["dry_run"])).inc()
-            await self._publish_command(command)
-
-    async def _publish_command(self, command: ControlCommand) -> None:
-        await self.control_topic.send(
-            key=command["run_id"].encode(),
-            value=self.codec.encode("ControlCommand", command),
-        )
+            deliveries.append(
+                await self.control_topic.send(
+                    key=command["run_id"].encode(),
+                    value=self.codec.encode("ControlCommand", command),
+                )
+            )
+        return deliveries
 
     # -- shared ---------------------------------------------------------------------------
 
-    async def _dead_letter(self, message: Any, reason: str, kind: str) -> None:
-        self.metrics.dead_letters.labels(kind).inc()
-        source = f"{message.topic}/{message.partition}/{message.offset}"
-        await self.dlq_topic.send(
+    async def _dead_letter(self, message: Any, reason: str) -> Awaitable[Any]:
+        """Send the message's original key and bytes to the DLQ; ``reason`` starts with its kind."""
+        self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
+        return await self.dlq_topic.send(
             key=message.key,
             value=message.value,
-            headers=[(REASON_HEADER, reason.encode()), (SOURCE_HEADER, source.encode())],
+            headers=[
+                (REASON_HEADER, reason.encode()[: self.settings.max_reason_bytes]),
+                (SOURCE_HEADER, _source(message).encode()),
+            ],
         )
 
     async def _on_revoked(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        # Whoever gets these partitions next re-publishes; if it is us again, so do we.
-        self._resent_partitions.clear()
-        self._resent_runs.clear()
+        # The partition index is re-read from the table when a partition comes back.
         self._indexed_stages.clear()
+        self._owned.clear()
+        self._events_next.clear()
+        self._stalls.clear()
+
+
+def _source(message: Any) -> str:
+    return f"{message.topic}/{message.partition}/{message.offset}"
 
 
 RULES_FROM_TOPIC = "topic"
@@ -305,4 +424,7 @@ def run_worker(settings: WorkerSettings, rules_source: str, loglevel: str = "war
 
         start_http_server(settings.metrics_port, addr="127.0.0.1", registry=registry)
     worker = faust.Worker(worker_app.app, loglevel=loglevel, quiet=True)
+    # Their debug calls would build a log record per message sent or received.
+    for name in ("faust", "aiokafka", "mode"):
+        logging.getLogger(name).setLevel(loglevel.upper())
     worker.execute_from_commandline()

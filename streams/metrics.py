@@ -28,12 +28,6 @@ class WorkerMetrics:
             ["closed_by"],
             registry=registry,
         )
-        self.resent = Counter(
-            "rlpulse_resent_total",
-            "Summaries and commands re-published after a partition takeover.",
-            ["kind"],
-            registry=registry,
-        )
         self.commands = Counter(
             "rlpulse_commands_total",
             "Control commands issued by rules.",
@@ -44,6 +38,21 @@ class WorkerMetrics:
             "rlpulse_rules_updates_total",
             "Rules texts offered to the worker, by outcome (loaded or refused).",
             ["outcome"],
+            registry=registry,
+        )
+        self.ticks_deferred = Counter(
+            "rlpulse_grace_ticks_deferred_total",
+            "Grace timer ticks skipped because the worker was behind on that partition's events.",
+            registry=registry,
+        )
+        self.redelivered = Counter(
+            "rlpulse_events_redelivered_total",
+            "Events delivered again after a seek, skipped because they are already joined.",
+            registry=registry,
+        )
+        self.stalls = Counter(
+            "rlpulse_partition_stalls_total",
+            "Times the watchdog found an events partition not delivered and sought back.",
             registry=registry,
         )
         self.join_lag = Histogram(

@@ -28,7 +28,15 @@ EXPECTED_SUMMARIES = STEPS * len(STAGES)
 
 
 def start_worker(bootstrap: str, topics: Topics, log: Path) -> WorkerProcess:
-    worker = WorkerProcess(bootstrap, topics.prefix, log, rules="seed", partitions=3, grace_s=5.0)
+    worker = WorkerProcess(
+        bootstrap,
+        topics.prefix,
+        log,
+        rules="seed",
+        partitions=3,
+        grace_s=5.0,
+        extra_args=("--log-level", "info"),
+    )
     worker.start()
     worker.wait_consuming(timeout_s=90.0)
     return worker

@@ -71,6 +71,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "tags": {},
         "last_rank": 1,
         "last_rank_lag_ns": 1500,
+        "stragglers": [2],
         "closed_by": "complete",
         "first_event_ns": 1,
         "last_event_ns": 1501,

@@ -1,0 +1,111 @@
+"""Step joiner: straggler tracking, input limits, and replays after a partial persist."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from rlpulse.streams.joiner import JoinerConfig, StepJoiner
+from tests.unit.test_joiner import T0, ev, make, only
+
+
+def test_stragglers_are_ranks_last_in_k_of_the_last_n_steps() -> None:
+    joiner = StepJoiner({}, {}, {}, JoinerConfig(straggler_window=4, straggler_min=3))
+    found = []
+    for step in range(1, 9):
+        slow = 2 if step <= 5 else 0  # rank 2 arrives last in steps 1-5, rank 0 after that
+        order = [r for r in range(3) if r != slow] + [slow]
+        for rank in order:
+            out = joiner.add(ev(rank, step, world_size=3), T0 + step)
+        summary = only(out)
+        assert summary["last_rank"] == slow
+        found.append(summary["stragglers"])
+    # window of 4: rank 2 is last in >= 3 of them from step 3 to step 6; rank 0 from step 8
+    assert found == [[], [], [2], [2], [2], [2], [], [0]]
+
+
+def test_stragglers_ignore_incomplete_and_single_rank_steps() -> None:
+    joiner = StepJoiner({}, {}, {}, JoinerConfig(straggler_window=2, straggler_min=1))
+    assert only(joiner.add(ev(0, 1, world_size=1), T0))["stragglers"] == []
+    joiner.add(ev(1, 2, stage="actor"), T0)
+    [summary] = joiner.expire(T0 + 31 * 10**9)
+    assert (summary["closed_by"], summary["missing_ranks"], summary["stragglers"]) == (
+        "grace",
+        [0],
+        [],
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"run_id": "r" * 257}, "too_large: run_id of 257 chars > 256"),
+        ({"world_size": 70_000}, "too_large: world_size 70000 > 65536"),
+        ({"metrics": {f"m{i}": 0.0 for i in range(1_025)}}, "too_large: 1025 metrics"),
+        ({"tags": {f"t{i}": "" for i in range(65)}}, "too_large: 0 metrics and 65 tags"),
+        ({"metrics": {"m" * 300: 1.0}}, "too_large: a name or tag of 300 chars > 256"),
+        ({"tags": {"k": "v" * 300}}, "too_large: a name or tag of 300 chars > 256"),
+    ],
+)
+def test_absurd_sizes_are_refused(overrides: dict[str, Any], reason: str) -> None:
+    event: dict[str, Any] = dict(ev())
+    event.update(overrides)
+    out = make().add(event, T0)  # type: ignore[arg-type]
+    assert out.rejected is not None
+    assert out.rejected.startswith(reason), out.rejected
+
+
+def test_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="straggler_min"):
+        JoinerConfig(straggler_window=3, straggler_min=4)
+    with pytest.raises(ValueError, match="limits"):
+        JoinerConfig(max_metrics=0)
+
+
+def test_replay_over_a_stale_stage_gives_the_same_summaries() -> None:
+    """groups persisted after the release, stages from before it: the replay re-emits
+    identical summaries (same ids), and late events still find the released group."""
+    groups: dict[str, Any] = {}
+    stages: dict[str, Any] = {}
+    runs: dict[str, Any] = {}
+    joiner = StepJoiner(groups, stages, runs)
+    joiner.add(ev(0, 1, {"a": 1.0}, seq=1), T0)
+    stale_stages, stale_runs = copy.deepcopy(stages), copy.deepcopy(runs)
+    first = only(joiner.add(ev(1, 1, {"a": 3.0}, seq=2), T0 + 5))
+    # crash: groups (and the summary) landed, stages did not; replay both events
+    stages.clear()
+    stages.update(stale_stages)
+    runs.clear()
+    runs.update(stale_runs)
+    replay = StepJoiner(groups, stages, runs)
+    assert replay.add(ev(0, 1, {"a": 1.0}, seq=1), T0 + 10).duplicate
+    again = only(replay.add(ev(1, 1, {"a": 3.0}, seq=2), T0 + 11))
+    assert again["summary_id"] == first["summary_id"]
+    assert (again["metrics"], again["revision"]) == (first["metrics"], 1)
+    late = only(replay.add(ev(1, 1, {"a": 5.0}, seq=3), T0 + 12))
+    assert (late["revision"], late["metrics"]["a"]["max"]) == (2, 5.0)
+
+
+def test_a_released_group_unknown_to_its_stage_is_adopted() -> None:
+    """The stage record is from before the group existed: the group is adopted as retained,
+    its events count as duplicates (its summary is out), and the frontier moves past it."""
+    groups: dict[str, Any] = {}
+    stages: dict[str, Any] = {}
+    runs: dict[str, Any] = {}
+    joiner = StepJoiner(groups, stages, runs)
+    joiner.add(ev(0, 1, world_size=1), T0)
+    stale = copy.deepcopy(stages)
+    joiner.add(ev(0, 2, world_size=1, seq=50), T0 + 1)
+    stages.clear()
+    stages.update(stale)
+    out = joiner.add(ev(0, 2, world_size=1, seq=50), T0 + 2)
+    assert out.duplicate
+    assert stages["run|0|rollout"]["frontier"] == 2
+    assert stages["run|0|rollout"]["retained"] == [[1, 2]]
+    assert joiner.add(ev(0, 2, world_size=1, seq=51), T0 + 3).summaries[0]["revision"] == 2
+    late = joiner.add(ev(0, 1, world_size=1, seq=52), T0 + 4)
+    assert late.summaries[0]["revision"] == 2
+    joiner.expire(T0 + 700 * 10**9)
+    assert groups == {}
