@@ -97,6 +97,9 @@ def worker(
     ] = "topic",
     partitions: Annotated[int, typer.Option(help="Partitions of the run-keyed topics.")] = 6,
     grace: Annotated[float, typer.Option(help="Seconds to wait for missing ranks.")] = 30.0,
+    late_window: Annotated[
+        float, typer.Option(help="Seconds a closed step still takes late ranks (as revisions).")
+    ] = 600.0,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics.")] = None,
     data_dir: Annotated[
         Path | None, typer.Option(help="faust's data directory (default: under $RLPULSE_HOME).")
@@ -120,6 +123,7 @@ def worker(
         topic_prefix=prefix,
         partitions=partitions,
         grace_s=grace,
+        late_window_s=late_window,
         metrics_port=metrics_port,
         data_dir=str(data_dir or default_cache_dir() / "worker-data" / prefix),
     )

@@ -101,7 +101,6 @@ async def batches(stream: Any, settings: WorkerSettings) -> AsyncIterator[list[A
     A list's events are acked (so their offsets become committable) only when the caller
     asks for the next list, i.e. after it has finished with them.
     """
-    app = stream.app
     manual = stream.noack()
     queue = manual.channel.queue
     batch: list[Any] = []
@@ -110,13 +109,6 @@ async def batches(stream: Any, settings: WorkerSettings) -> AsyncIterator[list[A
         if len(batch) < settings.batch_max and queue.empty():
             await asyncio.sleep(settings.batch_linger_s)
         if len(batch) >= settings.batch_max or queue.empty():
-            if app.rebalancing or app.in_recovery:
-                # Fetched before faust finished restoring the tables: processing them now
-                # would write state that the restore then overwrites. Left unacked, they
-                # come again once faust seeks back to the committed offsets after recovery.
-                log.info("dropping %d messages delivered during recovery", len(batch))
-                batch = []
-                continue
             yield batch
             for done in batch:
                 await manual.ack(done)

@@ -116,9 +116,15 @@ def summaries_of(
     """Every StepSummary of ``run_id`` on the steps topic, once ``want`` distinct ids arrived."""
     codec = default_codec()
     settle: list[float] = []
+    ids: set[str] = set()
+    looked = [0]  # values already decoded: each poll decodes only what is new
 
     def enough(values: list[bytes]) -> bool:
-        ids = {s["summary_id"] for s in map(codec.decode_summary, values) if s["run_id"] == run_id}
+        for value in values[looked[0] :]:
+            summary = codec.decode_summary(value)
+            if summary["run_id"] == run_id:
+                ids.add(summary["summary_id"])
+        looked[0] = len(values)
         if len(ids) >= want and not settle:
             settle.append(time.monotonic() + settle_s)
         return bool(settle) and time.monotonic() >= settle[0]
@@ -131,9 +137,13 @@ def acks_of(
     bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float
 ) -> list[CommandAck]:
     codec = default_codec()
+    counted = [0, 0]  # values looked at, acks of this run among them
 
     def enough(values: list[bytes]) -> bool:
-        return sum(codec.decode_ack(v)["run_id"] == run_id for v in values) >= want
+        for value in values[counted[0] :]:
+            counted[1] += codec.decode_ack(value)["run_id"] == run_id
+        counted[0] = len(values)
+        return counted[1] >= want
 
     raw = consume_all(bootstrap, topics.acks, enough, timeout_s)
     return [a for a in map(codec.decode_ack, raw) if a["run_id"] == run_id]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rlpulse.streams.joiner import JoinerConfig, StepJoiner
-from tests.unit.test_joiner import T0, ev, make, only
+from tests.unit.test_joiner import GRACE, T0, S, ev, make, only
 
 
 def test_stragglers_are_ranks_last_in_k_of_the_last_n_steps() -> None:
@@ -109,3 +109,23 @@ def test_a_released_group_unknown_to_its_stage_is_adopted() -> None:
     assert late.summaries[0]["revision"] == 2
     joiner.expire(T0 + 700 * 10**9)
     assert groups == {}
+
+
+def test_a_takeover_gives_open_steps_a_fresh_grace_period() -> None:
+    stages: dict[str, Any] = {}
+    joiner = make(stages=stages)
+    joiner.add(ev(0, 1, world_size=2), T0)
+    taken_over = T0 + 2 * GRACE  # no worker watched in between
+    assert joiner.restart_grace(list(stages), taken_over) == 1
+    assert joiner.expire(taken_over + GRACE - S) == []  # the old clock would have closed it
+    late_rank = only(joiner.add(ev(1, 1, world_size=2), taken_over + S))
+    assert (late_rank["closed_by"], late_rank["ranks_reported"]) == ("complete", [0, 1])
+
+
+def test_restart_grace_leaves_closed_steps_and_unknown_stages_alone() -> None:
+    stages: dict[str, Any] = {}
+    joiner = make(stages=stages)
+    joiner.add(ev(0, 2, world_size=2), T0)
+    [summary] = joiner.expire(T0 + GRACE)
+    assert summary["closed_by"] == "grace"
+    assert joiner.restart_grace([*stages, "no-such|0|stage"], T0 + 2 * GRACE) == 0
