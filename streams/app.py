@@ -21,10 +21,12 @@ most ``batch_max`` messages) and write their tables through
 :class:`~rlpulse.streams.write_behind.WriteBehind`: each changed record goes to its
 changelog once per batch instead of once per event.
 
-Crash safety: after any crash or rebalance no summary or command is lost and none is
-applied twice. Summaries and commands have deterministic ids and their consumers count
-each id once (the rule agent evaluates a step once; the trainer's ControlClient applies a
-command once), so publishing one twice is harmless; what must never happen is a state
+Crash safety, the goal: after any crash or rebalance no summary or command is lost and none
+is applied twice (one gap is still open: a takeover after a SIGKILL can miss the summaries
+of steps whose events were in flight, see tests/integration/test_worker_faults.py).
+Summaries and commands have deterministic ids and their consumers count each id once
+(the rule agent evaluates a step once; the trainer's ControlClient applies a command
+once), so publishing one twice is harmless; what must never happen is a state
 record saying "published" for something that was not. Each batch therefore ends with, in
 this order: (1) the summaries, commands and dead letters it produced, awaited until
 delivered; (2) the joiner's released groups, run index and partition index, awaited;
