@@ -153,6 +153,7 @@ class WorkerApp:
         self.dlq_topic = self.app.topic(topics.dlq, key_type=bytes, value_type=bytes)
         self.ticks_name = topics.ticks
         self.events_name = topics.events
+        self.steps_name = topics.steps
 
         self.groups = table("joiner-groups")
         self.stages = table("joiner-stages")
@@ -163,11 +164,12 @@ class WorkerApp:
         self._joiner_tables = (self.groups, self.stages, self.runs, self.partition_stages)
         # Stage keys this process has put in (or found in) its partition's index.
         self._indexed_stages: set[str] = set()
-        # Partitions taken over since the last rebalance, and the next event offset of each.
+        # Partitions taken over since the last rebalance; the next offset wanted of each
+        # events and steps partition, and per partition the wanted offset the watchdog last
+        # saw and for how many ticks.
         self._owned: set[int] = set()
-        self._events_next: dict[int, int] = {}
-        # Per partition: the wanted offset the watchdog last saw and for how many ticks.
-        self._stalls: dict[int, tuple[int, int]] = {}
+        self._next_offset: dict[TP, int] = {}
+        self._stalls: dict[TP, tuple[int, int]] = {}
 
         self.app.agent(self.app.topic(topics.events, topics.ticks), name="rlpulse.joiner")(
             self._join_agent
@@ -193,11 +195,9 @@ class WorkerApp:
                         summaries += self._on_tick(message.partition)
                     else:
                         self.metrics.ticks_deferred.inc()
-                elif message.offset >= self._events_next.get(message.partition, -1):
-                    self._events_next[message.partition] = message.offset + 1
+                else:
+                    self._note_read(message)
                     summaries += await self._on_event(message, deliveries)
-                else:  # delivered again after a seek: already in this worker's state
-                    self.metrics.redelivered.inc()
             for summary in summaries:
                 deliveries.append(await self._publish_summary(summary))
             await asyncio.gather(*deliveries)
@@ -230,18 +230,36 @@ class WorkerApp:
             deliveries.append(await self._dead_letter(message, outcome.rejected))
         return outcome.summaries
 
+    def _note_read(self, message: Any) -> None:
+        """Remember how far this worker has read the message's partition (for the watchdog).
+
+        A message delivered again after a seek is simply processed again: the joiner drops
+        events it has merged (by producer id and seq) and the rule engine evaluates each step
+        once.
+        """
+        tp = message.tp
+        self._next_offset[tp] = max(self._next_offset.get(tp, 0), message.offset + 1)
+
     def _take_over(self, partition: int) -> None:
         """Start owning ``partition``: its open groups get a fresh grace period."""
         self._owned.add(partition)
         stage_keys = list(self.partition_stages.get(f"p{partition}") or [])
         reset = self.joiner.restart_grace(stage_keys, time.time_ns())
-        if reset:
-            log.info("took over partition %d with %d open steps", partition, reset)
+        if log.isEnabledFor(logging.INFO):
+            frontiers = {k: self.stages[k]["frontier"] for k in stage_keys if k in self.stages}
+            log.info(
+                "took over partition %d: reading events from offset %s; %d open steps; "
+                "emitted up to %s",
+                partition,
+                self._unread(self.events_name, partition)[0],
+                reset,
+                frontiers,
+            )
 
-    def _unread(self, partition: int) -> tuple[int | None, int]:
-        """The next events offset this worker wants from ``partition``, and how many lie beyond."""
-        tp = TP(self.events_name, partition)
-        wanted = self._events_next.get(partition)
+    def _unread(self, topic: str, partition: int) -> tuple[int | None, int]:
+        """The next offset this worker wants from a partition, and how many messages lie beyond."""
+        tp = TP(topic, partition)
+        wanted = self._next_offset.get(tp)
         if wanted is None:  # nothing read since the takeover: it reads from the committed offset
             wanted = getattr(self.app.consumer, "_committed_offset", {}).get(tp)
         end = self.app.consumer.highwater(tp)
@@ -249,36 +267,47 @@ class WorkerApp:
             return wanted, 0
         return wanted, max(end - wanted, 0)
 
-    async def _may_expire(self, partition: int) -> bool:
-        """Whether a tick may close ``partition``'s overdue steps; re-seeks a stalled partition.
+    async def _progressing(self, topic: str, partition: int) -> tuple[bool, int]:
+        """Whether a partition's delivery moved since the last tick, and how much is unread.
 
-        Not while this worker is behind on the partition's events (more than
-        ``caught_up_lag`` unread) or while their delivery makes no progress: the missing ranks'
-        events may be in that backlog. A watchdog also covers a faust behaviour seen after a
-        restart: a partition whose delivery stops after a message or two while the consumer
-        believes it has read further. When a partition with unread events has delivered
-        nothing for ``stall_ticks`` ticks, the worker seeks it back to the offset it wants.
+        A watchdog for a faust behaviour seen after restarts: a partition whose delivery
+        stops after a message or two while the consumer believes it has read further. When a
+        partition with unread messages has delivered nothing for ``stall_ticks`` ticks, the
+        worker seeks it back to the offset it wants.
         """
-        wanted, unread = self._unread(partition)
+        tp = TP(topic, partition)
+        wanted, unread = self._unread(topic, partition)
         if wanted is None or unread == 0:
-            self._stalls.pop(partition, None)
-            return True
-        since, ticks = self._stalls.get(partition, (wanted, -1))
+            self._stalls.pop(tp, None)
+            return True, 0
+        since, ticks = self._stalls.get(tp, (wanted, -1))
         ticks = ticks + 1 if since == wanted else 0
-        self._stalls[partition] = (wanted, ticks)
+        self._stalls[tp] = (wanted, ticks)
         if ticks >= self.settings.stall_ticks:
             log.warning(
-                "events partition %d: nothing delivered past offset %d (%d unread) for %d "
-                "ticks; seeking back to it",
+                "%s partition %d: nothing delivered past offset %d (%d unread) for %d ticks; "
+                "seeking back to it",
+                topic,
                 partition,
                 wanted,
                 unread,
                 ticks,
             )
             self.metrics.stalls.inc()
-            self._stalls.pop(partition, None)
-            await self.app.consumer.seek(TP(self.events_name, partition), wanted)
-        return ticks == 0 and unread <= self.settings.caught_up_lag
+            self._stalls.pop(tp, None)
+            await self.app.consumer.seek(tp, wanted)
+        return ticks == 0, unread
+
+    async def _may_expire(self, partition: int) -> bool:
+        """Whether a tick may close ``partition``'s overdue steps; checks both topics for stalls.
+
+        Not while this worker is behind on the partition's events (more than
+        ``caught_up_lag`` unread) or while their delivery makes no progress: the missing
+        ranks' events may be in that backlog.
+        """
+        await self._progressing(self.steps_name, partition)
+        moving, unread = await self._progressing(self.events_name, partition)
+        return moving and unread <= self.settings.caught_up_lag
 
     def _on_tick(self, partition: int) -> list[StepSummary]:
         key = f"p{partition}"
@@ -320,6 +349,7 @@ class WorkerApp:
         async for events in batches(stream, self.settings):
             deliveries: list[Awaitable[Any]] = []
             for event in events:
+                self._note_read(event.message)
                 self.rule_state.partition = event.message.partition
                 deliveries += await self._on_summary(event.message)
             await asyncio.gather(*deliveries)
@@ -368,7 +398,7 @@ class WorkerApp:
         # The partition index is re-read from the table when a partition comes back.
         self._indexed_stages.clear()
         self._owned.clear()
-        self._events_next.clear()
+        self._next_offset.clear()
         self._stalls.clear()
 
 

@@ -45,11 +45,6 @@ class WorkerMetrics:
             "Grace timer ticks skipped because the worker was behind on that partition's events.",
             registry=registry,
         )
-        self.redelivered = Counter(
-            "rlpulse_events_redelivered_total",
-            "Events delivered again after a seek, skipped because they are already joined.",
-            registry=registry,
-        )
         self.stalls = Counter(
             "rlpulse_partition_stalls_total",
             "Times the watchdog found an events partition not delivered and sought back.",
