@@ -21,9 +21,10 @@ most ``batch_max`` messages) and write their tables through
 :class:`~rlpulse.streams.write_behind.WriteBehind`: each changed record goes to its
 changelog once per batch instead of once per event.
 
-Crash safety, the goal: after any crash or rebalance no summary or command is lost and none
-is applied twice (one gap is still open: a takeover after a SIGKILL can miss the summaries
-of steps whose events were in flight, see tests/integration/test_worker_faults.py).
+Crash safety: after any crash or rebalance no summary or command is lost and none is
+applied twice. After a takeover faust was seen skipping a range of offsets (and committing
+them): :class:`~rlpulse.streams.read_tracker.ReadTracker` notices the gap and the agent
+seeks back over it; a tick watchdog re-seeks a partition whose delivery stalls.
 Summaries and commands have deterministic ids and their consumers count each id once
 (the rule agent evaluates a step once; the trainer's ControlClient applies a command
 once), so publishing one twice is harmless; what must never happen is a state
@@ -58,6 +59,7 @@ from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.records import StepSummary
 from rlpulse.streams.joiner import StepJoiner, stage_key
 from rlpulse.streams.metrics import WorkerMetrics
+from rlpulse.streams.read_tracker import ReadTracker, Verdict
 from rlpulse.streams.rulebook import RuleBook, RulesFileWatcher, RulesTopicFollower
 from rlpulse.streams.settings import WorkerSettings
 from rlpulse.streams.state_codec import register_state_codec
@@ -168,7 +170,7 @@ class WorkerApp:
         # events and steps partition, and per partition the wanted offset the watchdog last
         # saw and for how many ticks.
         self._owned: set[int] = set()
-        self._next_offset: dict[TP, int] = {}
+        self.reads = ReadTracker()
         self._stalls: dict[TP, tuple[int, int]] = {}
 
         self.app.agent(self.app.topic(topics.events, topics.ticks), name="rlpulse.joiner")(
@@ -195,8 +197,7 @@ class WorkerApp:
                         summaries += self._on_tick(message.partition)
                     else:
                         self.metrics.ticks_deferred.inc()
-                else:
-                    self._note_read(message)
+                elif await self._admit(message):
                     summaries += await self._on_event(message, deliveries)
             for summary in summaries:
                 deliveries.append(await self._publish_summary(summary))
@@ -230,15 +231,26 @@ class WorkerApp:
             deliveries.append(await self._dead_letter(message, outcome.rejected))
         return outcome.summaries
 
-    def _note_read(self, message: Any) -> None:
-        """Remember how far this worker has read the message's partition (for the watchdog).
+    async def _admit(self, message: Any) -> bool:
+        """Whether to process a delivered message; seeks back over a gap in its partition.
 
-        A message delivered again after a seek is simply processed again: the joiner drops
-        events it has merged (by producer id and seq) and the rule engine evaluates each step
-        once.
+        A message delivered again after a seek is processed again: the joiner drops events
+        it has merged (by producer id and seq) and the rule engine evaluates each step once.
         """
-        tp = message.tp
-        self._next_offset[tp] = max(self._next_offset.get(tp, 0), message.offset + 1)
+        verdict = self.reads.delivered(message.tp, message.offset)
+        if verdict is Verdict.SEEK:
+            target = self.reads.seek_target(message.tp)
+            log.warning(
+                "%s partition %d: offsets %d..%d were never delivered; seeking back to %d",
+                message.topic,
+                message.partition,
+                target,
+                message.offset - 1,
+                target,
+            )
+            self.metrics.rewinds.inc()
+            await self.app.consumer.seek(message.tp, target)
+        return verdict is Verdict.PROCESS
 
     def _take_over(self, partition: int) -> None:
         """Start owning ``partition``: its open groups get a fresh grace period."""
@@ -259,7 +271,7 @@ class WorkerApp:
     def _unread(self, topic: str, partition: int) -> tuple[int | None, int]:
         """The next offset this worker wants from a partition, and how many messages lie beyond."""
         tp = TP(topic, partition)
-        wanted = self._next_offset.get(tp)
+        wanted = self.reads.next_offset(tp)
         if wanted is None:  # nothing read since the takeover: it reads from the committed offset
             wanted = getattr(self.app.consumer, "_committed_offset", {}).get(tp)
         end = self.app.consumer.highwater(tp)
@@ -293,7 +305,7 @@ class WorkerApp:
                 unread,
                 ticks,
             )
-            self.metrics.stalls.inc()
+            self.metrics.rewinds.inc()
             self._stalls.pop(tp, None)
             await self.app.consumer.seek(tp, wanted)
         return ticks == 0, unread
@@ -349,9 +361,9 @@ class WorkerApp:
         async for events in batches(stream, self.settings):
             deliveries: list[Awaitable[Any]] = []
             for event in events:
-                self._note_read(event.message)
-                self.rule_state.partition = event.message.partition
-                deliveries += await self._on_summary(event.message)
+                if await self._admit(event.message):
+                    self.rule_state.partition = event.message.partition
+                    deliveries += await self._on_summary(event.message)
             await asyncio.gather(*deliveries)
             await flush_in_order([self.rule_state])
 
@@ -398,7 +410,7 @@ class WorkerApp:
         # The partition index is re-read from the table when a partition comes back.
         self._indexed_stages.clear()
         self._owned.clear()
-        self._next_offset.clear()
+        self.reads.forget()
         self._stalls.clear()
 
 

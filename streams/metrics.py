@@ -45,9 +45,9 @@ class WorkerMetrics:
             "Grace timer ticks skipped because the worker was behind on that partition's events.",
             registry=registry,
         )
-        self.stalls = Counter(
-            "rlpulse_partition_stalls_total",
-            "Times the watchdog found an events partition not delivered and sought back.",
+        self.rewinds = Counter(
+            "rlpulse_partition_rewinds_total",
+            "Times a partition was sought back: its delivery stalled or skipped offsets.",
             registry=registry,
         )
         self.join_lag = Histogram(

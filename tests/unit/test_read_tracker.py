@@ -1,0 +1,41 @@
+"""ReadTracker: gaps in delivered offsets become one seek back; re-reads are processed."""
+
+from __future__ import annotations
+
+from rlpulse.streams.read_tracker import ReadTracker
+
+TP = ("events", 0)
+
+
+def verdicts(tracker: ReadTracker, offsets: list[int]) -> list[str]:
+    return [tracker.delivered(TP, offset).value for offset in offsets]
+
+
+def test_contiguous_deliveries_are_processed() -> None:
+    tracker = ReadTracker()
+    assert verdicts(tracker, [5, 6, 7]) == ["process"] * 3
+    assert tracker.next_offset(TP) == 8
+
+
+def test_a_gap_seeks_back_once_and_skips_stale_deliveries_until_the_re_read() -> None:
+    tracker = ReadTracker()
+    assert verdicts(tracker, [10, 11, 14]) == ["process", "process", "seek"]
+    assert tracker.seek_target(TP) == 12
+    # 15 was already buffered before the seek; then the re-read starts at 12
+    assert verdicts(tracker, [15, 12, 13, 14, 15]) == ["skip"] + ["process"] * 4
+    assert tracker.next_offset(TP) == 16
+
+
+def test_a_gap_that_never_fills_is_accepted_after_max_skip() -> None:
+    tracker = ReadTracker(max_skip=2)
+    assert verdicts(tracker, [1, 3]) == ["process", "seek"]
+    assert verdicts(tracker, [3, 3, 3, 4]) == ["skip", "skip", "process", "process"]
+
+
+def test_deliveries_again_after_a_seek_are_processed_and_forget_starts_over() -> None:
+    tracker = ReadTracker()
+    assert verdicts(tracker, [1, 2, 3, 1, 2]) == ["process"] * 5
+    assert tracker.next_offset(TP) == 4
+    tracker.forget()
+    assert tracker.next_offset(TP) is None
+    assert verdicts(tracker, [9]) == ["process"]
