@@ -27,7 +27,8 @@ Compression = Literal["lz4", "zstd", "snappy", "gzip", "none"]
 ExtraValue = str | int | float | bool
 
 
-def _bootstrap_from_env() -> str:
+def bootstrap_from_env() -> str:
+    """``$RLPULSE_BOOTSTRAP`` if set and not blank, else the default bootstrap address."""
     return os.environ.get(BOOTSTRAP_ENV, "").strip() or DEFAULT_BOOTSTRAP
 
 
@@ -52,7 +53,7 @@ class ProducerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap_servers: str = Field(
-        default_factory=_bootstrap_from_env,
+        default_factory=bootstrap_from_env,
         description=f"host:port list; default ${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP}",
     )
     topic_prefix: str = DEFAULT_PREFIX

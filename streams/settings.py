@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlpulse.producers.config import bootstrap_from_env
 from rlpulse.schemas.topics import DEFAULT_PREFIX, Topics
 from rlpulse.streams.joiner import JoinerConfig
-
-
-def _default_bootstrap() -> str:
-    return os.environ.get("RLPULSE_BOOTSTRAP", "127.0.0.1:9092")
 
 
 class WorkerSettings(BaseModel):
@@ -19,7 +14,7 @@ class WorkerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    bootstrap_servers: str = Field(default_factory=_default_bootstrap)
+    bootstrap_servers: str = Field(default_factory=bootstrap_from_env)
     topic_prefix: str = DEFAULT_PREFIX
     app_id: str | None = Field(
         default=None, description="Consumer group and table namespace; <prefix>-worker if unset."
