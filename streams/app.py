@@ -19,7 +19,9 @@ carries on with the next message.
 Speed. Both agents take their input in batches (what is buffered when the agent is ready, at
 most ``batch_max`` messages) and write their tables through
 :class:`~rlpulse.streams.write_behind.WriteBehind`: each changed record goes to its
-changelog once per batch instead of once per event.
+changelog once per batch instead of once per event. Everything the agents publish goes through
+:class:`~rlpulse.streams.outbox.Outbox`, which hands it to faust's producer without yielding
+to the event loop per record, so a batch's records leave in a few produce requests.
 
 Crash safety: after any crash or rebalance no summary or command is lost and none is
 applied twice. After a takeover faust was seen skipping a range of offsets (and committing
@@ -59,6 +61,7 @@ from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.records import StepSummary
 from rlpulse.streams.joiner import StepJoiner, stage_key
 from rlpulse.streams.metrics import WorkerMetrics
+from rlpulse.streams.outbox import Outbox
 from rlpulse.streams.read_tracker import ReadTracker, Verdict
 from rlpulse.streams.rulebook import RuleBook, RulesFileWatcher, RulesTopicFollower
 from rlpulse.streams.settings import WorkerSettings
@@ -135,6 +138,7 @@ class WorkerApp:
         self.book = book
         book.on_outcome = lambda outcome: self.metrics.rules_updates.labels(outcome).inc()
         self.app = faust_app(settings)
+        self.outbox = Outbox(self.app)
         state_codec = register_state_codec()
         topics = settings.topics
 
@@ -147,12 +151,9 @@ class WorkerApp:
             created: Any = self.app.Table(name, partitions=settings.partitions)
             # faust derives serializers from key_type/value_type; ours are plain JSON documents.
             created.key_serializer = created.value_serializer = state_codec
-            return WriteBehind(created)
+            return WriteBehind(created, self.outbox)
 
-        self.steps_topic = topic(topics.steps)
-        self.control_topic = topic(topics.control)
-        self.ticks_topic = topic(topics.ticks)
-        self.dlq_topic = self.app.topic(topics.dlq, key_type=bytes, value_type=bytes)
+        self.topics = topics
         self.ticks_name = topics.ticks
         self.events_name = topics.events
         self.steps_name = topics.steps
@@ -166,17 +167,15 @@ class WorkerApp:
         self._joiner_tables = (self.groups, self.stages, self.runs, self.partition_stages)
         # Stage keys this process has put in (or found in) its partition's index.
         self._indexed_stages: set[str] = set()
-        # Partitions taken over since the last rebalance; the next offset wanted of each
-        # events and steps partition, and per partition the wanted offset the watchdog last
-        # saw and for how many ticks.
+        # Partitions taken over since the last rebalance; what was read of each events and
+        # steps partition, and the stall watchdog's counts.
         self._owned: set[int] = set()
         self.reads = ReadTracker()
-        self._stalls: dict[TP, tuple[int, int]] = {}
 
         self.app.agent(self.app.topic(topics.events, topics.ticks), name="rlpulse.joiner")(
             self._join_agent
         )
-        self.app.agent(self.steps_topic, name="rlpulse.rules")(self._rule_agent)
+        self.app.agent(topic(topics.steps), name="rlpulse.rules")(self._rule_agent)
         self.app.timer(settings.tick_interval_s, name="rlpulse.ticks")(self._send_ticks)
         self.app.on_partitions_revoked.connect(self._on_revoked)
 
@@ -289,13 +288,8 @@ class WorkerApp:
         """
         tp = TP(topic, partition)
         wanted, unread = self._unread(topic, partition)
-        if wanted is None or unread == 0:
-            self._stalls.pop(tp, None)
-            return True, 0
-        since, ticks = self._stalls.get(tp, (wanted, -1))
-        ticks = ticks + 1 if since == wanted else 0
-        self._stalls[tp] = (wanted, ticks)
-        if ticks >= self.settings.stall_ticks:
+        ticks = self.reads.stalled_ticks(tp, wanted, unread)
+        if wanted is not None and ticks >= self.settings.stall_ticks:
             log.warning(
                 "%s partition %d: nothing delivered past offset %d (%d unread) for %d ticks; "
                 "seeking back to it",
@@ -306,7 +300,7 @@ class WorkerApp:
                 ticks,
             )
             self.metrics.rewinds.inc()
-            self._stalls.pop(tp, None)
+            self.reads.rewound(tp)
             await self.app.consumer.seek(tp, wanted)
         return ticks == 0, unread
 
@@ -345,15 +339,13 @@ class WorkerApp:
         self.metrics.summaries.labels(summary["closed_by"]).inc()
         lag_s = (summary["emitted_ns"] - summary["first_event_ns"]) / 1e9
         self.metrics.join_lag.observe(max(lag_s, 0.0))
-        delivery: Awaitable[Any] = await self.steps_topic.send(
-            key=summary["run_id"].encode(),
-            value=self.codec.encode("StepSummary", summary),
+        return await self.outbox.send(
+            self.steps_name, summary["run_id"].encode(), self.codec.encode("StepSummary", summary)
         )
-        return delivery
 
     async def _send_ticks(self) -> None:
         for partition in range(self.settings.partitions):
-            await self.ticks_topic.send(value=b"", partition=partition)
+            await self.outbox.send(self.ticks_name, None, b"", partition)
 
     # -- rules ----------------------------------------------------------------------------
 
@@ -385,9 +377,10 @@ class WorkerApp:
         for command in commands:
             self.metrics.commands.labels(command["rule_id"] or "", str(command["dry_run"])).inc()
             deliveries.append(
-                await self.control_topic.send(
-                    key=command["run_id"].encode(),
-                    value=self.codec.encode("ControlCommand", command),
+                await self.outbox.send(
+                    self.topics.control,
+                    command["run_id"].encode(),
+                    self.codec.encode("ControlCommand", command),
                 )
             )
         return deliveries
@@ -397,9 +390,10 @@ class WorkerApp:
     async def _dead_letter(self, message: Any, reason: str) -> Awaitable[Any]:
         """Send the message's original key and bytes to the DLQ; ``reason`` starts with its kind."""
         self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
-        return await self.dlq_topic.send(
-            key=message.key,
-            value=message.value,
+        return await self.outbox.send(
+            self.topics.dlq,
+            message.key,
+            message.value,
             headers=[
                 (REASON_HEADER, reason.encode()[: self.settings.max_reason_bytes]),
                 (SOURCE_HEADER, _source(message).encode()),
@@ -411,7 +405,6 @@ class WorkerApp:
         self._indexed_stages.clear()
         self._owned.clear()
         self.reads.forget()
-        self._stalls.clear()
 
 
 def _source(message: Any) -> str:

@@ -5,7 +5,9 @@ partition are contiguous: a delivered offset beyond the next one expected means 
 were skipped. faust was seen doing that after a restart (a range of a partition was never
 delivered, yet its offsets were committed). :class:`ReadTracker` turns each delivery into a
 verdict: process it, skip it (an older buffered delivery after a rewind), or seek back to
-the first missing offset. A pure object; the agents perform the seek.
+the first missing offset. It also keeps the stall watchdog's count: for how many ticks in a
+row a partition with unread messages has delivered nothing. A pure object; the agents
+perform the seeks.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class ReadTracker:
         self._next: dict[Hashable, int] = {}
         self._rewinds: dict[Hashable, _Rewind] = {}
         self._sought: set[tuple[Hashable, int]] = set()
+        self._stalls: dict[Hashable, tuple[int, int]] = {}  # tp -> (wanted offset, ticks)
 
     def next_offset(self, tp: Hashable) -> int | None:
         """The next offset wanted from ``tp``, or None before its first delivery."""
@@ -73,8 +76,27 @@ class ReadTracker:
         self._next[tp] = offset + 1 if wanted is None else max(wanted, offset + 1)
         return Verdict.PROCESS
 
+    def stalled_ticks(self, tp: Hashable, wanted: int | None, unread: int) -> int:
+        """Count one watchdog tick on ``tp``: for how many ticks in a row it has not moved.
+
+        ``wanted`` is the next offset wanted from ``tp`` now and ``unread`` how many messages
+        lie beyond it. 0 when the wanted offset moved since the last tick or nothing is unread.
+        """
+        if wanted is None or unread <= 0:
+            self._stalls.pop(tp, None)
+            return 0
+        since, ticks = self._stalls.get(tp, (wanted, -1))
+        ticks = ticks + 1 if since == wanted else 0
+        self._stalls[tp] = (wanted, ticks)
+        return ticks
+
+    def rewound(self, tp: Hashable) -> None:
+        """The agent sought ``tp`` back after a stall: its stall count starts over."""
+        self._stalls.pop(tp, None)
+
     def forget(self) -> None:
         """Drop everything (the partitions were revoked; whoever reads them next starts over)."""
         self._next.clear()
         self._rewinds.clear()
         self._sought.clear()
+        self._stalls.clear()

@@ -4,7 +4,9 @@ faust sends one changelog message (JSON encoding + a produce) on every ``table[k
 The joiner rewrites the same few records many times per batch of events (a step's group
 once per rank), so the agents use a :class:`WriteBehind` view instead: reads and writes hit
 the table's local store at once, and :meth:`WriteBehind.flush` sends the latest value of each
-changed key once. Nothing changes for recovery: the changelog holds the same final values.
+changed key once, serialized as faust would (the table's own key and value serializers), through
+an :class:`~rlpulse.streams.outbox.Outbox`. Nothing changes for recovery: the changelog holds
+the same final values.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, MutableMapping
 from typing import Any
+
+from faust.serializers import codecs
+
+from rlpulse.streams.outbox import Outbox
 
 __all__ = ["WriteBehind", "flush_in_order"]
 
@@ -24,8 +30,9 @@ class WriteBehind(MutableMapping[str, Any]):
     recovers partition ``p`` of the changelog for whoever owns partition ``p``).
     """
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Any, outbox: Outbox) -> None:
         self.table = table
+        self.outbox = outbox
         self.partition = 0
         self._dirty: dict[str, int] = {}
 
@@ -61,17 +68,16 @@ class WriteBehind(MutableMapping[str, Any]):
     async def flush(self) -> list[asyncio.Future[Any]]:
         """Send the current value (or a tombstone) of every changed key; return the deliveries."""
         table, data = self.table, self.table.data
-        topic = table.changelog_topic
+        topic = table.changelog_topic.get_topic_name()
         deliveries: list[asyncio.Future[Any]] = []
         for key, partition in self._dirty.items():
             value = data.get(key)
             deliveries.append(
-                await topic.send(
-                    key=key,
-                    value=value,
-                    partition=partition,
-                    key_serializer=table.key_serializer,
-                    value_serializer="raw" if value is None else table.value_serializer,
+                await self.outbox.send(
+                    topic,
+                    codecs.dumps(table.key_serializer, key),
+                    None if value is None else codecs.dumps(table.value_serializer, value),
+                    partition,
                 )
             )
         self._dirty.clear()

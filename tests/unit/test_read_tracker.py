@@ -39,3 +39,28 @@ def test_deliveries_again_after_a_seek_are_processed_and_forget_starts_over() ->
     tracker.forget()
     assert tracker.next_offset(TP) is None
     assert verdicts(tracker, [9]) == ["process"]
+
+
+def test_stall_count_grows_while_the_wanted_offset_stands_still_with_messages_unread() -> None:
+    tracker = ReadTracker()
+    assert [tracker.stalled_ticks(TP, 40, unread=5) for _ in range(4)] == [0, 1, 2, 3]
+    # delivery moved on: the count starts over
+    assert tracker.stalled_ticks(TP, 43, unread=2) == 0
+    assert tracker.stalled_ticks(TP, 43, unread=2) == 1
+
+
+def test_nothing_unread_or_nothing_known_is_never_a_stall() -> None:
+    tracker = ReadTracker()
+    assert [tracker.stalled_ticks(TP, 40, unread=0) for _ in range(3)] == [0, 0, 0]
+    assert [tracker.stalled_ticks(TP, None, unread=0) for _ in range(3)] == [0, 0, 0]
+
+
+def test_after_a_rewind_or_a_revocation_the_stall_count_starts_over() -> None:
+    tracker = ReadTracker()
+    for _ in range(3):
+        tracker.stalled_ticks(TP, 40, unread=5)
+    tracker.rewound(TP)
+    assert tracker.stalled_ticks(TP, 40, unread=5) == 0
+    tracker.stalled_ticks(TP, 40, unread=5)
+    tracker.forget()
+    assert tracker.stalled_ticks(TP, 40, unread=5) == 0
