@@ -9,14 +9,16 @@ Prints one JSON object per line, all measured in the same run on the same broker
   only decodes them, built from the worker's own faust app and batching (the ceiling of
   this design); events/s is the backlog over the time from the agent joining its group to
   its last decode;
-- ``worker_throughput``: the same backlog through a full worker (joiner, tables, rule
-  agent); events/s is the backlog over the time from the worker joining its group to the
-  last StepSummary read back;
+- ``worker_throughput``: the same backlog through a full worker (joiner, rule engine,
+  tables); events/s is the backlog over the time from the worker joining its group to the
+  last StepSummary read back; ``worker_cpu_share`` is the CPU time the worker used over that
+  time (1.0 = one core: the worker is one Python process and runs on one core at most);
 - ``worker_vs_bare``: the ratio of the two rates;
 - ``command_latency``: with a background load of ``--load-fraction`` (80 %) of the
   measured worker rate running on the same worker, runs whose KL passes 0.3 for three
   steps are played one after another; latency is from producing the last rank's event of
   the firing step to reading the kl-guard command from the control topic;
+  ``worker_cpu_share_under_load`` is the worker's CPU share while the background load ran;
 - ``latency_vs_kafka``: the ratio of the two latency medians;
 - ``targets``: each target of issue 5 and whether this run met it.
 
@@ -38,7 +40,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, Producer
 
@@ -60,6 +62,27 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
+
+
+def cpu_seconds(process: WorkerProcess) -> float:
+    """CPU time (user + system) the worker process has used so far, from /proc."""
+    assert process.process is not None
+    fields = Path(f"/proc/{process.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuShare:
+    """The share of one core a worker process used between two points in time."""
+
+    def __init__(self, process: WorkerProcess) -> None:
+        self.process = process
+        self.start = (time.perf_counter(), cpu_seconds(process))
+        self.share = 0.0
+
+    def stop(self) -> float:
+        wall, cpu = self.start
+        self.share = round((cpu_seconds(self.process) - cpu) / (time.perf_counter() - wall), 2)
+        return self.share
 
 
 def consumer(bootstrap: str, topic: str) -> Consumer:
@@ -248,22 +271,24 @@ def drain_rates(
     if baseline is not None:
         # same events, own topics: a worker of another version must not share our tables
         old_topics = backlog(bootstrap, load, steps)
-        per_s, complete = worker_rate(bootstrap, old_topics, load.runs * steps, workdir, baseline)
+        old = worker_rate(bootstrap, old_topics, load.runs * steps, workdir, baseline)
         emit(
             "baseline_worker_throughput",
             code=str(baseline),
             events=events,
-            events_per_s=round(per_s * load.ranks, 1),
-            complete=complete,
+            events_per_s=round(old.summaries_per_s * load.ranks, 1),
+            complete=old.complete,
+            worker_cpu_share=old.cpu_share,
             load=shape,
         )
-    per_s, complete = worker_rate(bootstrap, topics, load.runs * steps, workdir)
-    rates["full"] = round(per_s * load.ranks, 1)
+    drain = worker_rate(bootstrap, topics, load.runs * steps, workdir)
+    rates["full"] = round(drain.summaries_per_s * load.ranks, 1)
     emit(
         "worker_throughput",
         events=events,
         events_per_s=rates["full"],
-        complete=complete,
+        complete=drain.complete,
+        worker_cpu_share=drain.cpu_share,
         load=shape,
     )
     emit("worker_vs_bare", ratio=round(rates["full"] / rates["bare"], 3))
@@ -273,8 +298,12 @@ def drain_rates(
 def profile_worker(bootstrap: str, load: Load, steps: int, workdir: Path, out: Path) -> None:
     """The worker over a backlog under cProfile; prints its most expensive functions."""
     topics = backlog(bootstrap, load, steps)
-    per_s, complete = worker_rate(bootstrap, topics, load.runs * steps, workdir, profile=out)
-    emit("profiled_worker_throughput", events_per_s=round(per_s * load.ranks, 1), complete=complete)
+    drain = worker_rate(bootstrap, topics, load.runs * steps, workdir, profile=out)
+    emit(
+        "profiled_worker_throughput",
+        events_per_s=round(drain.summaries_per_s * load.ranks, 1),
+        complete=drain.complete,
+    )
     pstats.Stats(str(out)).sort_stats("tottime").print_stats(30)
 
 
@@ -293,6 +322,14 @@ def bare_rate(bootstrap: str, topics: Topics, events: int, workdir: Path) -> flo
     return round((events - first_batch) / (finished - started), 1)
 
 
+class Drain(NamedTuple):
+    """One worker over a backlog: summaries/s, whether all came, its share of one core."""
+
+    summaries_per_s: float
+    complete: bool
+    cpu_share: float
+
+
 def worker_rate(
     bootstrap: str,
     topics: Topics,
@@ -300,7 +337,7 @@ def worker_rate(
     workdir: Path,
     code: Path | None = None,
     profile: Path | None = None,
-) -> tuple[float, bool]:
+) -> Drain:
     """Summaries per second from the first to the last of ``want``, and whether all came.
 
     Counting from the first summary leaves the worker's start-up (table recovery) out.
@@ -328,6 +365,7 @@ def worker_rate(
                 os.environ["PYTHONPATH"] = saved
     try:
         worker.wait_consuming(timeout_s=120)
+        cpu = CpuShare(worker)
         seen: set[str] = set()
         deadline = time.monotonic() + 600
         codec = default_codec()
@@ -338,10 +376,11 @@ def worker_rate(
                 seen.add(codec.decode_summary(message.value() or b"")["summary_id"])
                 finished = time.perf_counter()
                 started = started or finished
+        cpu.stop()
     finally:
         worker.stop()
         reader.close()
-    return (len(seen) - 1) / (finished - started), len(seen) == want
+    return Drain((len(seen) - 1) / (finished - started), len(seen) == want, cpu.share)
 
 
 class BackgroundLoad(threading.Thread):
@@ -422,10 +461,13 @@ def command_latency(
         probe("warm-up", load.ranks, config, reader)
         loader.start()
         time.sleep(3.0)  # let the worker reach its steady state under the load
+        cpu = CpuShare(worker)
         for sample in range(samples):
             latency = probe(f"lat-{sample}", load.ranks, config, reader)
             if latency is not None:
                 latencies.append(latency)
+            if loader.is_alive():
+                cpu.stop()  # while the background load runs
     finally:
         loader.halt.set()
         loader.join(60)
@@ -437,6 +479,7 @@ def command_latency(
         achieved_events_per_s=round(achieved, 1),
         probe_ranks=load.ranks,
         probes="one kl-guard run at a time",
+        worker_cpu_share_under_load=cpu.share,
     )
     return latencies, shape
 

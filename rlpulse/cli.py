@@ -106,7 +106,7 @@ def worker(
     ] = None,
     log_level: Annotated[str, typer.Option(help="faust log level.")] = "warning",
 ) -> None:
-    """Run a stream worker: step joiner and rule agent."""
+    """Run a stream worker: step joiner and rule engine."""
     from rlpulse.broker import default_cache_dir
     from rlpulse.config import resolve_bootstrap
     from rlpulse.rules import RulesError, load_rules_source

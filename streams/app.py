@@ -1,25 +1,30 @@
 """The worker's faust application: the I/O shell around the step joiner and the rule engine.
 
-Two agents share one consumer group, so Kafka hands whole runs (partitions) to
-workers and moves them, with their table state, when workers come and go:
+Every worker runs one agent in one consumer group, so Kafka hands whole runs (partitions)
+to workers and moves them, with their table state, when workers come and go. The agent
+reads ``<prefix>.events`` and ``<prefix>.ticks``. Events go into
+:class:`~rlpulse.streams.joiner.StepJoiner`; ticks (one per partition per
+``tick_interval_s``, sent by every worker's timer) close the groups whose grace period ran
+out. Ticks travel through Kafka so that the timer's table writes happen inside the stream,
+on the partition that owns the state. Each summary the joiner releases goes to
+``<prefix>.steps`` and, in the same step, to :class:`~rlpulse.rules.evaluator.RuleEngine`;
+its commands go to ``<prefix>.control``.
 
-- the **joiner agent** reads ``<prefix>.events`` and ``<prefix>.ticks``. Events go
-  into :class:`~rlpulse.streams.joiner.StepJoiner`; ticks (one per partition per
-  ``tick_interval_s``, sent by every worker's timer) close the groups whose grace
-  period ran out. Ticks travel through Kafka so that the timer's table writes happen
-  inside the stream, on the partition that owns the state.
-- the **rule agent** reads ``<prefix>.steps`` and feeds each summary to
-  :class:`~rlpulse.rules.evaluator.RuleEngine`; commands go to ``<prefix>.control``.
+The rules are evaluated where the summaries are made, not by a second agent reading
+``<prefix>.steps``: faust delivers all of a worker's topics through one fetcher that waits
+whenever an agent's buffer is full, so a second agent starved behind a backlog of events
+(its partitions stalled for seconds while the joiner caught up) and commands came late
+exactly when a run was busiest. Rule state lives in a table partitioned like the events.
 
 Input that cannot be used -- bytes that do not decode, events the joiner refuses, events
-beyond the size limits, even an event that trips a bug -- goes to ``<prefix>.dlq`` with its
-original key and bytes, a reason header and a source header, and is counted; the agent
-carries on with the next message.
+beyond the size limits, even an event or a summary that trips a bug -- goes to
+``<prefix>.dlq`` with its key and bytes, a reason header and a source header, and is
+counted; the agent carries on with the next message.
 
-Speed. Both agents take their input in batches (what is buffered when the agent is ready, at
-most ``batch_max`` messages) and write their tables through
+Speed. The agent takes its input in batches (what is buffered when it is ready, at most
+``batch_max`` messages) and writes its tables through
 :class:`~rlpulse.streams.write_behind.WriteBehind`: each changed record goes to its
-changelog once per batch instead of once per event. Everything the agents publish goes through
+changelog once per batch instead of once per event. Everything it publishes goes through
 :class:`~rlpulse.streams.outbox.Outbox`, which hands it to faust's producer without yielding
 to the event loop per record, so a batch's records leave in a few produce requests.
 
@@ -28,18 +33,20 @@ applied twice. After a takeover faust was seen skipping a range of offsets (and 
 them): :class:`~rlpulse.streams.read_tracker.ReadTracker` notices the gap and the agent
 seeks back over it; a tick watchdog re-seeks a partition whose delivery stalls.
 Summaries and commands have deterministic ids and their consumers count each id once
-(the rule agent evaluates a step once; the trainer's ControlClient applies a command
-once), so publishing one twice is harmless; what must never happen is a state
-record saying "published" for something that was not. Each batch therefore ends with, in
-this order: (1) the summaries, commands and dead letters it produced, awaited until
-delivered; (2) the joiner's released groups, run index and partition index, awaited;
-(3) the joiner's stage records and the rule state. faust acks a batch's messages after
-that and commits offsets only after flushing its producer, so a committed offset implies
-(1)-(3) are durable. After a crash the new owner restores the tables from their changelogs
-and replays the messages after the committed offset: whatever subset of (1)-(3) had
-landed, the joiner (see its module docstring) and the rule engine recompute the same
-summaries and commands with the same ids, and everything a restored record calls
-published was delivered before that record was written.
+(the rule engine evaluates a step once; the trainer's ControlClient applies a command
+once), so publishing one twice is harmless; what must never happen is a state record
+saying "published" or "evaluated" for something that was not. Each batch therefore ends
+with, in this order: (1) the summaries, commands and dead letters it produced, awaited until
+delivered; (2) the rule state, awaited; (3) the joiner's released groups, run index and
+partition index, awaited; (4) the joiner's stage records. faust acks a batch's messages
+after that and commits offsets only after flushing its producer, so a committed offset
+implies (1)-(4) are durable. After a crash the new owner restores the tables from their
+changelogs and replays the messages after the committed offset: whatever prefix of (1)-(4)
+had landed, the joiner (see its module docstring) recomputes the same summaries with the
+same ids, and every summary it does not release again (a released group it adopts from
+(3)) was evaluated in a rule state that (2) made durable first; the rule engine skips the
+steps that state has evaluated, and everything a restored record calls published was
+delivered before that record was written.
 """
 
 from __future__ import annotations
@@ -123,7 +130,7 @@ async def batches(stream: Any, settings: WorkerSettings) -> AsyncIterator[list[A
 
 
 class WorkerApp:
-    """One worker process's faust app, its tables and its two agents."""
+    """One worker process's faust app, its tables and its agent."""
 
     def __init__(
         self,
@@ -142,11 +149,6 @@ class WorkerApp:
         state_codec = register_state_codec()
         topics = settings.topics
 
-        def topic(name: str) -> Any:
-            return self.app.topic(
-                name, key_type=bytes, value_type=bytes, partitions=settings.partitions
-            )
-
         def table(name: str) -> WriteBehind:
             created: Any = self.app.Table(name, partitions=settings.partitions)
             # faust derives serializers from key_type/value_type; ours are plain JSON documents.
@@ -164,18 +166,17 @@ class WorkerApp:
         self.partition_stages = table("joiner-partition-stages")
         self.rule_state = table("rule-state")
         self.joiner = StepJoiner(self.groups, self.stages, self.runs, settings.joiner_config())
-        self._joiner_tables = (self.groups, self.stages, self.runs, self.partition_stages)
+        self._tables = (self.groups, self.stages, self.runs, self.partition_stages, self.rule_state)
         # Stage keys this process has put in (or found in) its partition's index.
         self._indexed_stages: set[str] = set()
-        # Partitions taken over since the last rebalance; what was read of each events and
-        # steps partition, and the stall watchdog's counts.
+        # Partitions taken over since the last rebalance; what was read of each events
+        # partition, and the stall watchdog's counts.
         self._owned: set[int] = set()
         self.reads = ReadTracker()
 
         self.app.agent(self.app.topic(topics.events, topics.ticks), name="rlpulse.joiner")(
             self._join_agent
         )
-        self.app.agent(topic(topics.steps), name="rlpulse.rules")(self._rule_agent)
         self.app.timer(settings.tick_interval_s, name="rlpulse.ticks")(self._send_ticks)
         self.app.on_partitions_revoked.connect(self._on_revoked)
 
@@ -183,25 +184,29 @@ class WorkerApp:
 
     async def _join_agent(self, stream: Any) -> None:
         async for events in batches(stream, self.settings):
-            summaries: list[StepSummary] = []
             deliveries: list[Awaitable[Any]] = []
             for event in events:
                 message = event.message
-                for view in self._joiner_tables:
+                for view in self._tables:
                     view.partition = message.partition
                 if message.partition not in self._owned:
                     self._take_over(message.partition)
                 if message.topic == self.ticks_name:
-                    if await self._may_expire(message.partition):
-                        summaries += self._on_tick(message.partition)
-                    else:
+                    if not await self._may_expire(message.partition):
                         self.metrics.ticks_deferred.inc()
+                        continue
+                    summaries = self._on_tick(message.partition)
                 elif await self._admit(message):
-                    summaries += await self._on_event(message, deliveries)
-            for summary in summaries:
-                deliveries.append(await self._publish_summary(summary))
+                    summaries = await self._on_event(message, deliveries)
+                else:
+                    continue
+                for summary in summaries:
+                    deliveries.append(await self._publish_summary(summary))
+                    deliveries += await self._apply_rules(summary, message)
             await asyncio.gather(*deliveries)
-            await flush_in_order([self.groups, self.runs, self.partition_stages], [self.stages])
+            await flush_in_order(
+                [self.rule_state], [self.groups, self.runs, self.partition_stages], [self.stages]
+            )
 
     async def _on_event(self, message: Any, deliveries: list[Awaitable[Any]]) -> list[StepSummary]:
         """Join one event; a refused one is dead-lettered (its delivery added to ``deliveries``)."""
@@ -305,13 +310,12 @@ class WorkerApp:
         return ticks == 0, unread
 
     async def _may_expire(self, partition: int) -> bool:
-        """Whether a tick may close ``partition``'s overdue steps; checks both topics for stalls.
+        """Whether a tick may close ``partition``'s overdue steps; checks its events for a stall.
 
         Not while this worker is behind on the partition's events (more than
         ``caught_up_lag`` unread) or while their delivery makes no progress: the missing
         ranks' events may be in that backlog.
         """
-        await self._progressing(self.steps_name, partition)
         moving, unread = await self._progressing(self.events_name, partition)
         return moving and unread <= self.settings.caught_up_lag
 
@@ -349,29 +353,27 @@ class WorkerApp:
 
     # -- rules ----------------------------------------------------------------------------
 
-    async def _rule_agent(self, stream: Any) -> None:
-        async for events in batches(stream, self.settings):
-            deliveries: list[Awaitable[Any]] = []
-            for event in events:
-                if await self._admit(event.message):
-                    self.rule_state.partition = event.message.partition
-                    deliveries += await self._on_summary(event.message)
-            await asyncio.gather(*deliveries)
-            await flush_in_order([self.rule_state])
+    async def _apply_rules(self, summary: StepSummary, source: Any) -> list[Awaitable[Any]]:
+        """Evaluate the rules on a summary just released; send its commands.
 
-    async def _on_summary(self, message: Any) -> list[Awaitable[Any]]:
-        try:
-            summary = self.codec.decode_summary(message.value or b"")
-        except DecodeError as exc:
-            return [await self._dead_letter(message, f"undecodable: {exc}")]
+        Returns the commands' deliveries. ``source`` is the message whose processing released
+        the summary (the DLQ names it if the rule engine fails).
+        """
         run_key = f"{summary['run_id']}|{summary['attempt']}"
         try:
             state, commands = self.book.engine.evaluate(
                 self.rule_state.get(run_key), summary, time.time_ns()
             )
         except Exception as exc:  # a bug must not stop the worker: keep the summary for a fix
-            log.exception("rule engine failed on %s", _source(message))
-            return [await self._dead_letter(message, f"error: {exc!r}")]
+            log.exception("rule engine failed on %s", summary["summary_id"])
+            return [
+                await self._send_dead_letter(
+                    summary["run_id"].encode(),
+                    self.codec.encode("StepSummary", summary),
+                    f"error: rule engine: {exc!r}",
+                    _source(source),
+                )
+            ]
         self.rule_state[run_key] = state
         deliveries: list[Awaitable[Any]] = []
         for command in commands:
@@ -389,14 +391,19 @@ class WorkerApp:
 
     async def _dead_letter(self, message: Any, reason: str) -> Awaitable[Any]:
         """Send the message's original key and bytes to the DLQ; ``reason`` starts with its kind."""
+        return await self._send_dead_letter(message.key, message.value, reason, _source(message))
+
+    async def _send_dead_letter(
+        self, key: bytes | None, value: bytes | None, reason: str, source: str
+    ) -> Awaitable[Any]:
         self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
         return await self.outbox.send(
             self.topics.dlq,
-            message.key,
-            message.value,
+            key,
+            value,
             headers=[
                 (REASON_HEADER, reason.encode()[: self.settings.max_reason_bytes]),
-                (SOURCE_HEADER, _source(message).encode()),
+                (SOURCE_HEADER, source.encode()),
             ],
         )
 

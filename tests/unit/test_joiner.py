@@ -514,7 +514,8 @@ def direct_stats(values_by_rank: dict[int, float]) -> dict[str, float | int]:
         "count": n,
         "sum": math.fsum(values),
         "mean": mean,
-        "std": math.sqrt(math.fsum((v - mean) ** 2 for v in values) / n),
+        # a square is x * x, as DESIGN.md fixes it (x ** 2 goes to pow, off by an ulp at times)
+        "std": math.sqrt(math.fsum((v - mean) * (v - mean) for v in values) / n),
         "min": low,
         "max": high,
         "min_rank": next(r for r in ranks if values_by_rank[r] == low),
