@@ -18,7 +18,8 @@ Prints one JSON object per line, all measured in the same run on the same broker
   measured worker rate running on the same worker, runs whose KL passes 0.3 for three
   steps are played one after another; latency is from producing the last rank's event of
   the firing step to reading the kl-guard command from the control topic;
-  ``worker_cpu_share_under_load`` is the worker's CPU share while the background load ran;
+  ``worker_cpu_share_under_load`` is the worker's CPU share while the background load ran,
+  ``machine_cpu_busy_under_load`` how busy all cores were (broker, load, worker);
 - ``latency_vs_kafka``: the ratio of the two latency medians;
 - ``targets``: each target of issue 5 and whether this run met it.
 
@@ -71,17 +72,27 @@ def cpu_seconds(process: WorkerProcess) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far, from /proc/stat."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 class CpuShare:
-    """The share of one core a worker process used between two points in time."""
+    """Between two points in time: the share of one core a worker process used, and how busy
+    the whole machine was (0..1 of all its cores)."""
 
     def __init__(self, process: WorkerProcess) -> None:
         self.process = process
-        self.start = (time.perf_counter(), cpu_seconds(process))
-        self.share = 0.0
+        self.start = (time.perf_counter(), cpu_seconds(process), machine_ticks())
+        self.share = self.machine_busy = 0.0
 
     def stop(self) -> float:
-        wall, cpu = self.start
+        wall, cpu, (busy, total) = self.start
         self.share = round((cpu_seconds(self.process) - cpu) / (time.perf_counter() - wall), 2)
+        busy_now, total_now = machine_ticks()
+        self.machine_busy = round((busy_now - busy) / max(total_now - total, 1), 2)
         return self.share
 
 
@@ -480,6 +491,7 @@ def command_latency(
         probe_ranks=load.ranks,
         probes="one kl-guard run at a time",
         worker_cpu_share_under_load=cpu.share,
+        machine_cpu_busy_under_load=cpu.machine_busy,
     )
     return latencies, shape
 

@@ -185,12 +185,6 @@ def test_sigkill_mid_run_then_restart(kafka_bootstrap: str, topics: Topics, tmp_
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 5: failed in about half the runs before the worker began seeking back over "
-    "offsets faust skipped after a takeover (streams/read_tracker.py); it passed every run "
-    "since, too few to call it fixed. Runs every time; XPASS shows it holds.",
-)
 def test_two_workers_one_killed_the_other_takes_over(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
     ensure_topics(kafka_bootstrap, topics, partitions=6)
