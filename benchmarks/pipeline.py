@@ -89,6 +89,7 @@ class CpuShare:
         self.share = self.machine_busy = 0.0
 
     def stop(self) -> float:
+        """Measure from the start to now (again, if called again); returns the worker's share."""
         wall, cpu, (busy, total) = self.start
         self.share = round((cpu_seconds(self.process) - cpu) / (time.perf_counter() - wall), 2)
         busy_now, total_now = machine_ticks()

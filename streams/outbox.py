@@ -3,10 +3,10 @@
 faust's ``Topic.send`` reaches the producer through ``App.maybe_start_producer``, which mode's
 ``stampede`` guard turns into three ``asyncio.sleep(0)`` per call. Every record sent that way
 lets the event loop run, so aiokafka's sender ships a produce request after every record or
-two instead of one request per batch: a worker that sent its summaries and changelog records
-through ``Topic.send`` spent most of its time on produce requests and their responses (4,415
-requests for 12,500 records over a 16,000-event backlog). :class:`Outbox` gives the same
-records, already serialized, to the same producer without those yields.
+two instead of a few per batch: a worker sending its summaries and changelog records through
+``Topic.send`` made 4,415 produce requests for 12,500 records over a 48,000-event backlog.
+:class:`Outbox` gives the same records, already serialized, to the same producer without
+those yields.
 
 Nothing else changes: the records go through the producer faust flushes before it commits
 offsets, partitioned by key with the same murmur2 partitioner when no partition is given.
