@@ -267,14 +267,14 @@ class WorkerApp:
                 "took over partition %d: reading events from offset %s; %d open steps; "
                 "emitted up to %s",
                 partition,
-                self._unread(self.events_name, partition)[0],
+                self._unread(partition)[0],
                 reset,
                 frontiers,
             )
 
-    def _unread(self, topic: str, partition: int) -> tuple[int | None, int]:
-        """The next offset this worker wants from a partition, and how many messages lie beyond."""
-        tp = TP(topic, partition)
+    def _unread(self, partition: int) -> tuple[int | None, int]:
+        """The next events offset this worker wants from a partition, and how many lie beyond."""
+        tp = TP(self.events_name, partition)
         wanted = self.reads.next_offset(tp)
         if wanted is None:  # nothing read since the takeover: it reads from the committed offset
             wanted = getattr(self.app.consumer, "_committed_offset", {}).get(tp)
@@ -283,22 +283,21 @@ class WorkerApp:
             return wanted, 0
         return wanted, max(end - wanted, 0)
 
-    async def _progressing(self, topic: str, partition: int) -> tuple[bool, int]:
-        """Whether a partition's delivery moved since the last tick, and how much is unread.
+    async def _progressing(self, partition: int) -> tuple[bool, int]:
+        """Whether a partition's events delivery moved since the last tick; how much is unread.
 
         A watchdog for a faust behaviour seen after restarts: a partition whose delivery
         stops after a message or two while the consumer believes it has read further. When a
         partition with unread messages has delivered nothing for ``stall_ticks`` ticks, the
         worker seeks it back to the offset it wants.
         """
-        tp = TP(topic, partition)
-        wanted, unread = self._unread(topic, partition)
+        tp = TP(self.events_name, partition)
+        wanted, unread = self._unread(partition)
         ticks = self.reads.stalled_ticks(tp, wanted, unread)
         if wanted is not None and ticks >= self.settings.stall_ticks:
             log.warning(
-                "%s partition %d: nothing delivered past offset %d (%d unread) for %d ticks; "
+                "events partition %d: nothing delivered past offset %d (%d unread) for %d ticks; "
                 "seeking back to it",
-                topic,
                 partition,
                 wanted,
                 unread,
@@ -316,7 +315,7 @@ class WorkerApp:
         ``caught_up_lag`` unread) or while their delivery makes no progress: the missing
         ranks' events may be in that backlog.
         """
-        moving, unread = await self._progressing(self.events_name, partition)
+        moving, unread = await self._progressing(partition)
         return moving and unread <= self.settings.caught_up_lag
 
     def _on_tick(self, partition: int) -> list[StepSummary]:
