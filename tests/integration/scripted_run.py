@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from confluent_kafka import Consumer
 
@@ -110,25 +111,35 @@ def consume_all(
     return values
 
 
+def until_ids(
+    want: dict[str, int], decode: Callable[[bytes], Any], id_field: str, settle_s: float = 2.0
+) -> Callable[[list[bytes]], bool]:
+    """A ``consume_all`` stop: every run has ``want[run]`` distinct ids, then ``settle_s`` more.
+
+    Each call decodes only the values that are new since the last one.
+    """
+    ids: dict[str, set[str]] = {run_id: set() for run_id in want}
+    looked, settle = [0], [0.0]
+
+    def enough(values: list[bytes]) -> bool:
+        for value in values[looked[0] :]:
+            record = decode(value)
+            if record["run_id"] in ids:
+                ids[record["run_id"]].add(record[id_field])
+        looked[0] = len(values)
+        if not settle[0] and all(len(ids[r]) >= n for r, n in want.items()):
+            settle[0] = time.monotonic() + settle_s
+        return bool(settle[0]) and time.monotonic() >= settle[0]
+
+    return enough
+
+
 def summaries_of(
     bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float, settle_s: float = 2.0
 ) -> list[StepSummary]:
     """Every StepSummary of ``run_id`` on the steps topic, once ``want`` distinct ids arrived."""
     codec = default_codec()
-    settle: list[float] = []
-    ids: set[str] = set()
-    looked = [0]  # values already decoded: each poll decodes only what is new
-
-    def enough(values: list[bytes]) -> bool:
-        for value in values[looked[0] :]:
-            summary = codec.decode_summary(value)
-            if summary["run_id"] == run_id:
-                ids.add(summary["summary_id"])
-        looked[0] = len(values)
-        if len(ids) >= want and not settle:
-            settle.append(time.monotonic() + settle_s)
-        return bool(settle) and time.monotonic() >= settle[0]
-
+    enough = until_ids({run_id: want}, codec.decode_summary, "summary_id", settle_s)
     raw = consume_all(bootstrap, topics.steps, enough, timeout_s)
     return [s for s in map(codec.decode_summary, raw) if s["run_id"] == run_id]
 

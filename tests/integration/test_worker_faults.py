@@ -33,6 +33,7 @@ from tests.integration.scripted_run import (
     STEPS,
     ScriptedRun,
     consume_all,
+    until_ids,
 )
 from tests.integration.test_pipeline import (
     EXPECTED_SUMMARIES,
@@ -106,8 +107,8 @@ def assert_runs_complete(
     each applied once (one ack each) and nothing else on the control topic."""
     codec = default_codec()
     want = {run.run_id: EXPECTED_SUMMARIES for run in runs}
-    until_summaries = _until_ids(want, codec.decode_summary, "summary_id")
-    until_acks = _until_ids(dict.fromkeys(want, 2), codec.decode_ack, "command_id")
+    until_summaries = until_ids(want, codec.decode_summary, "summary_id")
+    until_acks = until_ids(dict.fromkeys(want, 2), codec.decode_ack, "command_id")
     summaries = _by_run(
         consume_all(bootstrap, topics.steps, until_summaries, 120.0), codec.decode_summary
     )
@@ -126,26 +127,6 @@ def assert_runs_complete(
         ), f"{run.run_id}: acks {acks.get(run.run_id)}"
         commands = {c["command_id"] for c in on_topic.get(run.run_id, [])}
         assert commands == {c["command_id"] for c in run.received}
-
-
-def _until_ids(
-    want: dict[str, int], decode: Callable[[bytes], Any], id_field: str, settle_s: float = 2.0
-) -> Callable[[list[bytes]], bool]:
-    """A ``consume_all`` stop: every run has ``want[run]`` distinct ids, then ``settle_s`` more."""
-    ids: dict[str, set[str]] = {run_id: set() for run_id in want}
-    looked, settle = [0], [0.0]
-
-    def enough(values: list[bytes]) -> bool:
-        for value in values[looked[0] :]:
-            record = decode(value)
-            if record["run_id"] in ids:
-                ids[record["run_id"]].add(record[id_field])
-        looked[0] = len(values)
-        if not settle[0] and all(len(ids[r]) >= n for r, n in want.items()):
-            settle[0] = time.monotonic() + settle_s
-        return bool(settle[0]) and time.monotonic() >= settle[0]
-
-    return enough
 
 
 def _by_run(values: list[bytes], decode: Callable[[bytes], Any]) -> dict[str, list[Any]]:
