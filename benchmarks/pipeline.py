@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, Producer
+from rlpulse.local.broker import bootstrap_or_local_broker
+from rlpulse.transport.topics import ensure_topics
+from rlpulse.local.worker_process import WorkerProcess
 
-from rlpulse.broker import bootstrap_or_local_broker
-from rlpulse.kafka_admin import ensure_topics
-from rlpulse.producers import EventLogger, ProducerConfig
+from rlpulse.producers import EventLogger, Settings
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
-from rlpulse.worker_process import WorkerProcess
 
 PARTITIONS = 6
 
@@ -113,12 +113,12 @@ def consumer(bootstrap: str, topic: str) -> Consumer:
 
 def trainer_producer(bootstrap: str) -> Producer:
     """A producer with the settings EventLogger uses (batching, compression)."""
-    return Producer(ProducerConfig(bootstrap_servers=bootstrap).producer_settings())
+    return Producer(Settings(bootstrap=bootstrap).producer_settings())
 
 
 def kafka_roundtrip(bootstrap: str, samples: int) -> list[float]:
     topics = Topics(prefix=f"bench-rt-{uuid.uuid4().hex[:8]}")
-    ensure_topics(bootstrap, topics, partitions=1)
+    ensure_topics(Settings(bootstrap=bootstrap), topics, partitions=1)
     producer = trainer_producer(bootstrap)
     reader = consumer(bootstrap, topics.events)
     while not reader.assignment():
@@ -231,13 +231,13 @@ class ProfiledWorker(WorkerProcess):
 def bare_agent_main(bootstrap: str, prefix: str, expect: int, done_file: str) -> None:
     """Child process: decode ``expect`` events of ``<prefix>.events``, then write the time."""
     import faust
-
-    from rlpulse.streams.app import batches, faust_app
     from rlpulse.streams.settings import WorkerSettings
 
+    from rlpulse.streams.app import batches, faust_app
+
     settings = WorkerSettings(
-        bootstrap_servers=bootstrap,
-        topic_prefix=prefix,
+        bootstrap=bootstrap,
+        prefix=prefix,
         app_id=f"{prefix}-bare",
         partitions=PARTITIONS,
         data_dir=str(Path(done_file).parent / f"{prefix}-bare-data"),
@@ -266,7 +266,7 @@ def bare_agent_main(bootstrap: str, prefix: str, expect: int, done_file: str) ->
 def backlog(bootstrap: str, load: Load, steps: int) -> Topics:
     """Fresh topics whose events topic holds ``steps`` steps of ``load``."""
     topics = Topics(prefix=f"bench-tp-{uuid.uuid4().hex[:8]}")
-    ensure_topics(bootstrap, topics, partitions=PARTITIONS)
+    ensure_topics(Settings(bootstrap=bootstrap), topics, partitions=PARTITIONS)
     produce_all(bootstrap, topics.events, load.encode(range(steps)))
     return topics
 
@@ -424,10 +424,10 @@ class BackgroundLoad(threading.Thread):
         self.producer.flush(30)
 
 
-def probe(run_id: str, ranks: int, config: ProducerConfig, reader: Consumer) -> float | None:
+def probe(run_id: str, ranks: int, config: Settings, reader: Consumer) -> float | None:
     """Milliseconds from a kl-guard run's firing event to its command; None after 30 s."""
     codec = default_codec()
-    loggers = [EventLogger(run_id, rank=r, world_size=ranks, config=config) for r in range(ranks)]
+    loggers = [EventLogger(run_id, rank=r, world_size=ranks, settings=settings) for r in range(ranks)]
     for step in (1, 2, 3):
         for logger in loggers:
             logger.log({"kl_divergence": 0.5}, step=step, stage="actor")
@@ -455,8 +455,8 @@ def command_latency(
 ) -> tuple[list[float], dict[str, Any]]:
     """Latencies of ``samples`` probes while ``load`` runs at ``rate``, and the load's shape."""
     topics = Topics(prefix=f"bench-lat-{uuid.uuid4().hex[:8]}")
-    ensure_topics(bootstrap, topics, partitions=PARTITIONS)
-    config = ProducerConfig(bootstrap_servers=bootstrap, topic_prefix=topics.prefix)
+    ensure_topics(Settings(bootstrap=bootstrap), topics, partitions=PARTITIONS)
+    settings = Settings(bootstrap=bootstrap, prefix=topics.prefix)
     # enough background events for the whole phase: ~0.6 s per sample plus slack
     per_step = load.runs * load.ranks
     background = load.encode(range(int(rate * (samples * 0.6 + 30) / per_step) + 1))
@@ -522,7 +522,7 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))
     load = Load(args.runs, args.ranks, args.metrics, label="run")
-    with bootstrap_or_local_broker(Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))) as bootstrap:
+    with bootstrap_or_local_broker(Settings(), Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))) as bootstrap:
         if args.profile is not None:
             profile_worker(bootstrap, load, args.steps, workdir, args.profile)
             return

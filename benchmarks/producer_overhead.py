@@ -32,9 +32,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from rlpulse.broker import bootstrap_or_local_broker
-from rlpulse.kafka_admin import ensure_topics
-from rlpulse.producers import EventLogger, ProducerConfig
+from rlpulse.local.broker import bootstrap_or_local_broker
+from rlpulse.transport.topics import ensure_topics
+
+from rlpulse.producers import EventLogger, Settings
 from rlpulse.schemas.topics import Topics
 
 UNREACHABLE = "127.0.0.1:1"
@@ -71,13 +72,13 @@ def timed_calls(call: Callable[[int], object], calls: int) -> dict[str, float]:
 
 
 def running_broker() -> AbstractContextManager[str]:
-    return bootstrap_or_local_broker(Path(tempfile.mkdtemp(prefix="rlpulse-bench-")))
+    return bootstrap_or_local_broker(Settings(), Path(tempfile.mkdtemp(prefix="rlpulse-bench-")))
 
 
 def bench_rlpulse(
-    scenario: str, config: ProducerConfig, metrics: dict[str, float], calls: int
+    scenario: str, config: Settings, metrics: dict[str, float], calls: int
 ) -> dict[str, float]:
-    logger = EventLogger(f"bench-{uuid.uuid4().hex[:8]}", config=config)
+    logger = EventLogger(f"bench-{uuid.uuid4().hex[:8]}", settings=settings)
     if scenario == "down_spooling":  # wait until the first events timed out: spool mode
         logger.log(metrics, -1, "trainer")
         deadline = time.monotonic() + 30
@@ -122,12 +123,12 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     with running_broker() as bootstrap:
         topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
-        ensure_topics(bootstrap, topics, partitions=3)
-        up = ProducerConfig(
-            bootstrap_servers=bootstrap, topic_prefix=topics.prefix, spool_dir=spool
+        ensure_topics(Settings(bootstrap=bootstrap), topics, partitions=3)
+        up = Settings(
+            bootstrap=bootstrap, prefix=topics.prefix, spool_dir=spool
         )
         results["up"] = bench_rlpulse("up", up, metrics, args.calls)
-    down = ProducerConfig(bootstrap_servers=UNREACHABLE, spool_dir=spool)
+    down = Settings(bootstrap=UNREACHABLE, spool_dir=spool)
     results["down"] = bench_rlpulse("down", down, metrics, args.calls)
     spooling = down.model_copy(update={"delivery_timeout_s": 0.5})
     results["down_spooling"] = bench_rlpulse("down_spooling", spooling, metrics, args.calls)

@@ -1,9 +1,21 @@
-"""Errors raised by the rlpulse command line and local services."""
+"""The root of every error rlpulse raises on purpose.
+
+Each package has its own ``exceptions`` module whose base class derives from
+:class:`RlpulseError` (``SchemaError``, ``ProducerError``, ``RulesError``, ``StreamsError``,
+``TransportError``, ``SettingsError``, ``LocalError``), so ``except RlpulseError`` catches
+everything rlpulse means to raise and nothing else. Where a built-in says the same (a
+``ValueError`` for a bad value, a ``TimeoutError`` for a deadline), the class derives from
+that too. The command line prints an ``RlpulseError`` as one sentence and exits non-zero.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RlpulseError", "SettingsError"]
 
 
 class RlpulseError(Exception):
-    """Root of the errors the CLI reports as one sentence and a non-zero exit."""
+    """Root of the errors raised by rlpulse."""
 
 
-class BrokerError(RlpulseError):
-    """The local Kafka broker could not be started, found or stopped."""
+class SettingsError(RlpulseError, ValueError):
+    """Settings that do not validate: from a flag, the environment or the config file."""

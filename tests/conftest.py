@@ -7,16 +7,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlpulse.broker import bootstrap_or_local_broker, default_cache_dir
-from rlpulse.kafka_admin import ensure_topics
+from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.schemas.topics import Topics
+from rlpulse.settings import Settings
+from rlpulse.transport.topics import ensure_topics
+from tests.kafka import settings_at
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address of a real broker: ``RLPULSE_BOOTSTRAP``, or one started for the session."""
-    state_dir = default_cache_dir() / f"test-broker-{uuid.uuid4().hex[:8]}"
-    with bootstrap_or_local_broker(state_dir) as bootstrap:
+    settings = Settings()
+    state_dir = settings.home / f"test-broker-{uuid.uuid4().hex[:8]}"
+    with bootstrap_or_local_broker(settings, state_dir) as bootstrap:
         yield bootstrap
 
 
@@ -24,5 +27,5 @@ def kafka_bootstrap() -> Iterator[str]:
 def topics(kafka_bootstrap: str) -> Topics:
     """A fresh set of rlpulse topics, created on the session broker."""
     names = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
-    ensure_topics(kafka_bootstrap, names, partitions=3)
+    ensure_topics(settings_at(kafka_bootstrap), names, partitions=3)
     return names

@@ -22,7 +22,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from rlpulse.producers import ControlClient, EventLogger, ProducerConfig
+from rlpulse.producers import ControlClient, EventLogger, Settings
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
 from rlpulse.schemas.topics import Topics
@@ -51,12 +51,12 @@ class ScriptedRun:
 
     def __init__(self, bootstrap: str, topics: Topics, run_id: str | None = None) -> None:
         self.run_id = run_id or f"run-{uuid.uuid4().hex[:8]}"
-        self.config = ProducerConfig(bootstrap_servers=bootstrap, topic_prefix=topics.prefix)
+        self.settings = Settings(bootstrap=bootstrap, prefix=topics.prefix)
         self.ranks = [
-            EventLogger(self.run_id, rank=rank, world_size=RANKS, config=self.config)
+            EventLogger(self.run_id, rank=rank, world_size=RANKS, settings=self.settings)
             for rank in range(RANKS)
         ]
-        self.control = ControlClient(self.run_id, config=self.config)
+        self.control = ControlClient(self.run_id, settings=self.settings)
         self.received: list[ControlCommand] = []
 
     def log_steps(self, steps: Iterable[int]) -> None:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from rlpulse.local.broker import LocalBroker, default_cache_dir
 
-from rlpulse.broker import LocalBroker, default_cache_dir
 from rlpulse.exceptions import BrokerError
 
 pytestmark = pytest.mark.broker

@@ -17,9 +17,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from rlpulse.operator import action, operator_command, publish_command
-from rlpulse.producers import EXIT_STOPPED_BY_RULE, ProducerConfig
+
+from rlpulse.producers import EXIT_STOPPED_BY_RULE, Settings
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, TrainerEvent
 from rlpulse.schemas.topics import Topics
@@ -91,7 +91,7 @@ def test_an_operator_stop_saves_and_stops_every_rank_at_one_step(
             timeout_s=RUN_TIMEOUT_S,
         )
         stop = operator_command(run_id, [action("checkpoint"), action("stop")], reason="test")
-        config = ProducerConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix)
+        settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
         publish_command(config, stop)
         log, _ = trainer.communicate(timeout=RUN_TIMEOUT_S)
     finally:

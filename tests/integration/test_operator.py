@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rlpulse.producers import ControlClient, ProducerConfig
+from rlpulse.producers import ControlClient, Settings
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.schemas.topics import Topics
 
@@ -30,8 +30,8 @@ def receive(client: ControlClient, want: int, timeout_s: float = 30.0) -> list[C
 
 
 def test_stop_checkpoint_and_scale_reach_the_run(kafka_bootstrap: str, topics: Topics) -> None:
-    config = ProducerConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix)
-    with ControlClient("run-op", config=config) as client:
+    settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    with ControlClient("run-op", settings=settings) as client:
         client.poll()
         scale = control(
             kafka_bootstrap,

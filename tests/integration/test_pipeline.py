@@ -7,10 +7,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from rlpulse.local.worker_process import WorkerProcess
 
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
-from rlpulse.worker_process import WorkerProcess
 from tests.integration.scripted_run import (
     KL_GUARD_STEP,
     STAGES,

@@ -28,15 +28,16 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from rlpulse.local.broker import LocalBroker
+from rlpulse.transport.clients import new_admin
+from rlpulse.transport.topics import ensure_topics
+from rlpulse.local.worker_process import WorkerProcess
 
-from rlpulse.broker import LocalBroker
-from rlpulse.kafka_admin import admin_client, ensure_topics
-from rlpulse.producers import EventLogger, ProducerConfig
+from rlpulse.producers import EventLogger, Settings
 from rlpulse.producers.spool import read_spool_file, spool_files
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
-from rlpulse.worker_process import WorkerProcess
 from tests.integration.scripted_run import consume_all
 
 pytestmark = pytest.mark.broker
@@ -83,8 +84,8 @@ def bootstrap_of(broker: LocalBroker) -> str:
 def bring_up(broker: LocalBroker, topics: Topics) -> None:
     """Start the broker, create the topics, wait until every events partition has a leader."""
     broker.up()
-    ensure_topics(bootstrap_of(broker), topics, partitions=3)
-    admin = admin_client(bootstrap_of(broker))
+    ensure_topics(settings_at(bootstrap_of(broker)), topics, partitions=3)
+    admin = new_admin(settings_at(bootstrap_of(broker)))
 
     def leaders() -> bool:
         found = admin.list_topics(topic=topics.events, timeout=10).topics.get(topics.events)
@@ -110,15 +111,15 @@ class SimulatedRanks:
 
     def __init__(self, broker: LocalBroker, topics: Topics, spool_dir: Path) -> None:
         self.run_id = f"run-{uuid.uuid4().hex[:8]}"
-        config = ProducerConfig(
-            bootstrap_servers=bootstrap_of(broker),
-            topic_prefix=topics.prefix,
+        settings = Settings(
+            bootstrap=bootstrap_of(broker),
+            prefix=topics.prefix,
             spool_dir=spool_dir,
             delivery_timeout_s=DELIVERY_TIMEOUT_S,
             extra={"reconnect.backoff.max.ms": 1000},
         )
         self.loggers = [
-            EventLogger(self.run_id, rank=rank, world_size=RANKS, config=config)
+            EventLogger(self.run_id, rank=rank, world_size=RANKS, settings=settings)
             for rank in range(RANKS)
         ]
         self.steps = 0
@@ -290,14 +291,15 @@ def test_b_broker_stopped_30s_mid_run(broker: LocalBroker, tmp_path: Path) -> No
 CHILD = """
 import sys, time
 from pathlib import Path
-from rlpulse.producers import EventLogger, ProducerConfig
+from rlpulse.producers import EventLogger, Settings
+from tests.kafka import settings_at
 
 bootstrap, prefix, spool = sys.argv[1:4]
-config = ProducerConfig(
-    bootstrap_servers=bootstrap, topic_prefix=prefix, spool_dir=Path(spool),
+settings = Settings(
+    bootstrap=bootstrap, prefix=prefix, spool_dir=Path(spool),
     delivery_timeout_s=2.0,
 )
-logger = EventLogger("killed-run", config=config)
+logger = EventLogger("killed-run", settings=settings)
 print(logger.producer_id, flush=True)
 step = 0
 while True:

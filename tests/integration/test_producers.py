@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from rlpulse.transport.topics import ensure_topics
 
-from rlpulse.kafka_admin import ensure_topics
-from rlpulse.producers import ControlClient, EventHandler, EventLogger, ProducerConfig, RunLink
+from rlpulse.producers import ControlClient, EventHandler, EventLogger, Settings, RunLink
 from rlpulse.producers.replay import replay_spool
 from rlpulse.producers.spool import spool_files
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand
 from rlpulse.schemas.topics import Topics
+from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -104,8 +105,8 @@ def ids(commands: Iterable[ControlCommand]) -> list[str]:
     return [c["command_id"] for c in commands]
 
 
-def config_for(kafka_bootstrap: str, topics: Topics) -> ProducerConfig:
-    return ProducerConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix)
+def settings_for(kafka_bootstrap: str, topics: Topics) -> Settings:
+    return Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
 
 
 def test_logged_events_arrive_decodable_and_in_sequence(
@@ -116,7 +117,7 @@ def test_logged_events_arrive_decodable_and_in_sequence(
         rank=1,
         world_size=2,
         tags={"model": "qwen"},
-        config=config_for(kafka_bootstrap, topics),
+        settings=settings_for(kafka_bootstrap, topics),
     ) as logger:
         logger.run_start()
         for step in range(5):
@@ -177,7 +178,7 @@ def test_control_client_returns_only_new_commands_of_its_run_attempt(
     )
 
     caplog.set_level(logging.INFO, logger="rlpulse.producers")
-    with ControlClient("run-a", config=config_for(kafka_bootstrap, topics)) as client:
+    with ControlClient("run-a", settings=settings_for(kafka_bootstrap, topics)) as client:
         returned = poll_until(client, lambda got: sentinel["command_id"] in ids(got))
         assert ids(returned) == ["run-a-0-c1", "run-a-0-c2", "run-a-0-last"]
         assert returned[0] == mine[0]
@@ -215,10 +216,10 @@ def test_control_client_returns_only_new_commands_of_its_run_attempt(
 def test_restarted_client_does_not_return_acked_commands(
     kafka_bootstrap: str, topics: Topics
 ) -> None:
-    config = config_for(kafka_bootstrap, topics)
+    settings = settings_for(kafka_bootstrap, topics)
     first, second = command("run-a", 0, "c1"), command("run-a", 0, "c2")
     publish_commands(kafka_bootstrap, topics, [first, second])
-    with ControlClient("run-a", config=config) as client:
+    with ControlClient("run-a", settings=settings) as client:
         returned = poll_until(client, lambda got: len(got) >= 2)
         assert ids(returned) == ["run-a-0-c1", "run-a-0-c2"]
         assert client.ack(returned[0], "applied", applied_at_step=8)
@@ -237,7 +238,7 @@ def test_restarted_client_does_not_return_acked_commands(
     publish(kafka_bootstrap, topics.acks, [("run-b", codec.encode("CommandAck", other_ack))])
 
     publish_commands(kafka_bootstrap, topics, [command("run-a", 0, "c3")])
-    with ControlClient("run-a", config=config) as restarted:
+    with ControlClient("run-a", settings=settings) as restarted:
         returned = poll_until(restarted, lambda got: "run-a-0-c3" in ids(got))
         assert ids(returned) == ["run-a-0-c2", "run-a-0-c3"]
         assert restarted.acked_command_ids == {"run-a-0-c1"}
@@ -245,11 +246,11 @@ def test_restarted_client_does_not_return_acked_commands(
 
 def test_control_client_waits_for_topics_created_later(kafka_bootstrap: str) -> None:
     topics = Topics(prefix=f"test-late-{uuid.uuid4().hex[:10]}")
-    config = ProducerConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix)
-    with ControlClient("run-a", config=config) as client:
+    settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    with ControlClient("run-a", settings=settings) as client:
         assert client.poll() == []
         assert not client.started
-        ensure_topics(kafka_bootstrap, topics, partitions=3)
+        ensure_topics(settings_at(kafka_bootstrap), topics, partitions=3)
         publish_commands(kafka_bootstrap, topics, [command("run-a", 0, "c1")])
         returned = poll_until(client, lambda got: len(got) >= 1)
         assert ids(returned) == ["run-a-0-c1"]
@@ -257,9 +258,9 @@ def test_control_client_waits_for_topics_created_later(kafka_bootstrap: str) -> 
 
 
 def test_run_link_round_trip(kafka_bootstrap: str, topics: Topics) -> None:
-    config = config_for(kafka_bootstrap, topics)
+    settings = settings_for(kafka_bootstrap, topics)
     publish_commands(kafka_bootstrap, topics, [command("run-l", 2, "stop")])
-    with RunLink("run-l", rank=0, world_size=4, attempt=2, config=config) as link:
+    with RunLink("run-l", rank=0, world_size=4, attempt=2, settings=settings) as link:
         link.log({"kl_divergence": 0.31}, step=3, stage="actor")
         deadline = time.monotonic() + WAIT_S
         commands: list[ControlCommand] = []
@@ -279,13 +280,13 @@ def test_run_link_round_trip(kafka_bootstrap: str, topics: Topics) -> None:
 def test_logging_handler_publishes_stdlib_records(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    config = ProducerConfig(
-        bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix, spool_dir=tmp_path
+    settings = Settings(
+        bootstrap=kafka_bootstrap, prefix=topics.prefix, producer={"spool_dir": tmp_path}
     )
     trainer_log = logging.getLogger(f"trainer-{uuid.uuid4().hex}")
     trainer_log.setLevel(logging.INFO)
     trainer_log.propagate = False
-    with RunLink("run-h", rank=1, world_size=2, config=config) as link:
+    with RunLink("run-h", rank=1, world_size=2, settings=settings) as link:
         handler = EventHandler(link, stage="trainer")
         trainer_log.addHandler(handler)
         try:
@@ -324,10 +325,10 @@ def spool_while_unreachable(
     topics: Topics, spool_dir: Path, run_id: str, count: int
 ) -> EventLogger:
     """A logger that could not reach any broker: its ``count`` events end in the spool."""
-    config = ProducerConfig(
-        bootstrap_servers="127.0.0.1:1", topic_prefix=topics.prefix, spool_dir=spool_dir
+    settings = Settings(
+        bootstrap="127.0.0.1:1", prefix=topics.prefix, producer={"spool_dir": spool_dir}
     )
-    logger = EventLogger(run_id, config=config)
+    logger = EventLogger(run_id, settings=settings)
     for step in range(count):
         logger.log({"loss": float(step)}, step)
     assert logger.close(timeout_s=0.2) == count
@@ -338,11 +339,11 @@ def test_replay_sends_a_spool_once_and_deletes_it(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     dead = spool_while_unreachable(topics, tmp_path, "run-r", 30)
-    config = config_for(kafka_bootstrap, topics)
-    report = replay_spool(tmp_path, config)
+    settings = settings_for(kafka_bootstrap, topics)
+    report = replay_spool(tmp_path, settings)
     assert (report.delivered, report.undelivered, report.files) == (30, 0, 1)
     assert spool_files(tmp_path) == {}
-    assert replay_spool(tmp_path, config).delivered == 0  # nothing left to send twice
+    assert replay_spool(tmp_path, settings).delivered == 0  # nothing left to send twice
     codec = default_codec()
     events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 30)]
     assert sorted(e["seq"] for e in events) == list(range(30))
@@ -369,10 +370,10 @@ def test_a_new_process_of_the_run_replays_a_dead_producers_spool(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     dead = spool_while_unreachable(topics, tmp_path, "run-o", 20)
-    config = ProducerConfig(
-        bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix, spool_dir=tmp_path
+    settings = Settings(
+        bootstrap=kafka_bootstrap, prefix=topics.prefix, producer={"spool_dir": tmp_path}
     )
-    with EventLogger("run-o", config=config) as successor:
+    with EventLogger("run-o", settings=settings) as successor:
         successor.log({"loss": 0.0}, 100)
         deadline = time.monotonic() + WAIT_S
         while successor.replayed < 20:

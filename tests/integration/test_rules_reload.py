@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from rlpulse.local.worker_process import WorkerProcess
 
-from rlpulse.producers import ControlClient, EventLogger, ProducerConfig
+from rlpulse.producers import ControlClient, EventLogger, Settings
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.schemas.topics import Topics
 from rlpulse.streams.rulebook import RULES_KEY
-from rlpulse.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.broker
 
@@ -77,13 +77,13 @@ def test_published_edit_takes_effect_and_keeps_unchanged_state(
     broken.write_text(RULES.format(loss_threshold="one"))
     assert publish(kafka_bootstrap, topics, first).returncode == 0
 
-    config = ProducerConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix)
+    settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
     worker = WorkerProcess(
         kafka_bootstrap, topics.prefix, tmp_path / "worker.log", rules="topic", partitions=3
     )
     worker.start()
-    ranks = [EventLogger("run-r", rank=r, world_size=2, config=config) for r in range(2)]
-    client = ControlClient("run-r", config=config)
+    ranks = [EventLogger("run-r", rank=r, world_size=2, settings=settings) for r in range(2)]
+    client = ControlClient("run-r", settings=settings)
 
     def log_step(step: int, kl: float, loss: float) -> None:
         for logger in ranks:

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
-
 from rlpulse.operator import action, operator_command, publish_command
-from rlpulse.producers import ProducerConfig
+
+from rlpulse.producers import Settings
 from rlpulse.producers.integrations import verl as integration
 from rlpulse.producers.integrations.commands import resize_batch
 from rlpulse.producers.integrations.exceptions import ActionRejectedError, VerlSettingsError
@@ -245,7 +245,7 @@ def test_the_launcher_adds_the_plugin_to_verls_module_list_once() -> None:
 
 
 def rlpulse_block(run_id: str, bootstrap: str, topics: Topics) -> dict[str, Any]:
-    return {"run_id": run_id, "bootstrap_servers": bootstrap, "topic_prefix": topics.prefix}
+    return {"run_id": run_id, "bootstrap": bootstrap, "prefix": topics.prefix}
 
 
 def events_of(bootstrap: str, topics: Topics, run_id: str, want: int) -> list[TrainerEvent]:
@@ -282,8 +282,8 @@ def test_tracking_publishes_each_step_by_stage(kafka_bootstrap: str, topics: Top
         config={
             "rlpulse": {
                 "run_id": "verl-run",
-                "bootstrap_servers": kafka_bootstrap,
-                "topic_prefix": topics.prefix,
+                "bootstrap": kafka_bootstrap,
+                "prefix": topics.prefix,
                 "tags": {"model": "qwen"},
             }
         },
@@ -313,7 +313,7 @@ def test_commands_act_on_the_trainer_whose_fit_built_the_tracking(
 ) -> None:
     integration.install()
     run_id = f"verl-{uuid.uuid4().hex[:8]}"
-    config = ProducerConfig(bootstrap_servers=kafka_bootstrap, topic_prefix=topics.prefix)
+    config = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
     grow = operator_command(run_id, [scale(2, max=256), action("alert", message="noisy")])
     shrink = operator_command(run_id, [scale(0.3, max=50)])  # no multiple of 64 up to 50
     stop = operator_command(run_id, [action("checkpoint", tag="kl"), action("stop")])
@@ -355,7 +355,7 @@ def test_verl_loads_the_plugin_in_a_fresh_process(kafka_bootstrap: str, topics: 
         f"""
         from verl.utils.tracking import Tracking
         tracking = Tracking("p", "plugin-run", ["rlpulse"], config={{"rlpulse": {{
-            "bootstrap_servers": {kafka_bootstrap!r}, "topic_prefix": {topics.prefix!r}}}}})
+            "bootstrap": {kafka_bootstrap!r}, "prefix": {topics.prefix!r}}}}})
         tracking.log(data={{"actor/entropy": 0.5}}, step=3)
         tracking.finish()
         """

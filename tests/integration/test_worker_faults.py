@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
+from rlpulse.local.broker import tail
+from rlpulse.transport.topics import ensure_topics
+from rlpulse.local.worker_process import WorkerProcess
 
-from rlpulse.broker import tail
-from rlpulse.kafka_admin import ensure_topics
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
-from rlpulse.worker_process import WorkerProcess
 from tests.integration.scripted_run import (
     KL_GUARD_STEP,
     STEPS,
@@ -36,6 +36,7 @@ from tests.integration.scripted_run import (
     until_ids,
 )
 from tests.integration.test_pipeline import (
+from tests.kafka import settings_at
     EXPECTED_SUMMARIES,
     assert_every_step_summarised,
     assert_seed_commands,
@@ -168,7 +169,7 @@ def test_sigkill_mid_run_then_restart(kafka_bootstrap: str, topics: Topics, tmp_
 @pytest.mark.timeout(600)
 def test_two_workers_one_killed_the_other_takes_over(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
-    ensure_topics(kafka_bootstrap, topics, partitions=6)
+    ensure_topics(settings_at(kafka_bootstrap), topics, partitions=6)
     workers = [
         start_worker(kafka_bootstrap, topics, tmp_path / f"worker-{name}.log", partitions=6)
         for name in ("a", "b")
@@ -209,9 +210,9 @@ def test_two_workers_one_killed_the_other_takes_over(kafka_bootstrap: str, tmp_p
 
 
 def _wait_for_members(worker: WorkerProcess, want: int, timeout_s: float) -> None:
-    from rlpulse.kafka_admin import admin_client
+    from rlpulse.transport.clients import new_admin
 
-    admin = admin_client(worker.bootstrap)
+    admin = new_admin(settings_at(worker.bootstrap))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         group = admin.describe_consumer_groups([worker.group_id])[worker.group_id].result()

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from rlpulse.aggregate import Aggregator, aggregate, aggregate_command, parse_fields
+from rlpulse.cli import app
+from rlpulse.offline.aggregate import Aggregator, aggregate, parse_fields
 from rlpulse.producers.jsonl import RankLogWriter, RankRecord, read_rank_logs
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
@@ -120,9 +120,7 @@ def test_bad_arguments() -> None:
 
 
 def cli(*args: str) -> Any:
-    app = typer.Typer()
-    app.command()(aggregate_command)
-    return CliRunner().invoke(app, list(args))
+    return CliRunner().invoke(app, ["aggregate", *args])
 
 
 def test_command_writes_the_merged_file_and_reports_bad_lines(tmp_path: Path) -> None:
@@ -137,9 +135,13 @@ def test_command_writes_the_merged_file_and_reports_bad_lines(tmp_path: Path) ->
     assert [(row["step"], row["rank"]) for row in rows] == [
         (step, rank) for step in range(4) for rank in (0, 1)
     ]
+    # The seed's fields: every line says its global step and when it was aggregated.
+    assert all(row.pop("global_step") == row["step"] for row in rows)
+    stamps = {row.pop("aggregated_at") for row in rows}
+    assert len(stamps) == 1 and stamps.pop().endswith("+00:00")
     assert rows == aggregate(read(logs), ["step", "rank"], ["step", "rank"])
     assert f"{logs / 'actor_rank1.jsonl'}:4: not JSON" in outcome.stderr
-    assert "8 rows, 12 columns" in outcome.stderr and "1 malformed lines skipped" in outcome.stderr
+    assert "8 rows, 14 columns" in outcome.stderr and "1 malformed lines skipped" in outcome.stderr
 
 
 def test_command_to_stdout_with_other_merge_fields(tmp_path: Path) -> None:

@@ -13,23 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from rlpulse.backtest import (
-    Firing,
+from rlpulse.cli import app
+from rlpulse.offline.backtest import (
     InputFormat,
+    Recorded,
     RecordedEvent,
-    backtest,
-    backtest_command,
     detect_format,
     infer_attempts,
     read_recording,
-    replay,
+    run_backtest,
 )
 from rlpulse.producers.jsonl import MalformedLine, RankLogWriter
 from rlpulse.rules import RuleSet, load_preset, load_rules, parse_rules
-from rlpulse.streams.joiner import JoinerConfig
+from rlpulse.schemas.records import ControlCommand
+from rlpulse.settings import JoinerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = REPO / "tests" / "fixtures" / "runs"
@@ -77,23 +76,27 @@ rules:
 """
 
 
-def fire(ruleset: RuleSet, path: Path, **options: Any) -> list[Firing]:
-    return backtest(ruleset, read_recording(path, run=RUN), **options)
+def backtest(
+    ruleset: RuleSet, items: Iterable[Recorded], settings: JoinerSettings | None = None
+) -> list[ControlCommand]:
+    return run_backtest(ruleset, items, settings).commands
 
 
-def as_text(firings: Iterable[Firing]) -> list[str]:
-    """Comparable firings: NaN evidence makes dataclass equality useless, JSON text is not."""
-    return [json.dumps(firing.to_json(), sort_keys=True) for firing in firings]
+def fire(ruleset: RuleSet, path: Path) -> list[ControlCommand]:
+    return backtest(ruleset, read_recording(path, run=RUN))
 
 
-def where(firings: Iterable[Firing]) -> list[tuple[int, str, int, str]]:
-    return [(f.attempt, f.stage, f.step, f.rule_id) for f in firings]
+def as_text(commands: Iterable[ControlCommand]) -> list[str]:
+    """Comparable commands: NaN evidence makes dict equality useless, JSON text is not."""
+    return [json.dumps(command, sort_keys=True) for command in commands]
+
+
+def where(commands: Iterable[ControlCommand]) -> list[tuple[int, str, int, str | None]]:
+    return [(c["attempt"], c["stage"], c["step"], c["rule_id"]) for c in commands]
 
 
 def cli(*args: str) -> Any:
-    app = typer.Typer()
-    app.command()(backtest_command)
-    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    return CliRunner().invoke(app, ["rules", "backtest", *args], env={"COLUMNS": "200"})
 
 
 def rlpulse_line(**fields: Any) -> str:
@@ -137,40 +140,40 @@ def test_seed_rules_fire_where_the_run_misbehaves() -> None:
         (0, "actor", 39, "kl-guard"),  # KL > 0.3 at 37, 38, 39
     ]
     guard = firings[-1]
-    assert [action["type"] for action in guard.actions] == ["checkpoint", "stop"]
-    assert guard.reason.startswith("kl_divergence 0.421638 > 0.3 for 3 consecutive steps")
-    assert guard.issued_ns > 1_718_000_000 * S  # the recording's clock, not the wall clock
+    assert [action["type"] for action in guard["actions"]] == ["checkpoint", "stop"]
+    assert guard["reason"].startswith("kl_divergence 0.421638 > 0.3 for 3 consecutive steps")
+    assert guard["issued_ns"] > 1_718_000_000 * S  # the recording's clock, not the wall clock
 
 
 def test_features_rule_set_on_the_recorded_run() -> None:
     firings = fire(load_rules(FEATURES), PER_RANK)
     by_rule: dict[str, list[tuple[int, int]]] = {}
     for firing in firings:
-        by_rule.setdefault(firing.rule_id, []).append((firing.attempt, firing.step))
+        by_rule.setdefault(firing["rule_id"], []).append((firing["attempt"], firing["step"]))
     assert by_rule["entropy-not-finite"] == [(0, 30)]  # rank 6's NaN, max across ranks
     assert by_rule["kl-guard"] == [(0, 39)]
     assert by_rule["kl-worst-rank"] == [(0, 38), (0, 39)]
     assert by_rule["length-collapse"] == [(1, 50)]  # once
     assert by_rule["length-mean-low"] == [(1, 52), (1, 55)]  # cooldown 2
     assert "tagged-only" not in by_rule  # no tags in the recording
-    assert all(f.dry_run == (f.rule_id == "kl-worst-rank") for f in firings)
-    kl_guard = next(i for i, f in enumerate(firings) if f.rule_id == "kl-guard")
-    assert all(f.attempt == 1 for f in firings[kl_guard + 1 :])  # stopped: attempt 0 is over
-    assert {f.attempt for f in firings} == {0, 1}
+    assert all(f["dry_run"] == (f["rule_id"] == "kl-worst-rank") for f in firings)
+    kl_guard = next(i for i, f in enumerate(firings) if f["rule_id"] == "kl-guard")
+    assert all(f["attempt"] == 1 for f in firings[kl_guard + 1 :])  # stopped: attempt 0 is over
+    assert {f["attempt"] for f in firings} == {0, 1}
 
 
 def test_verl_means_fire_at_the_same_steps_as_the_ranks() -> None:
     ruleset = parse_rules(MEAN_RULES)
-    steps = [(f.rule_id, f.attempt, f.step) for f in fire(ruleset, PER_RANK)]
-    assert steps == [(f.rule_id, f.attempt, f.step) for f in fire(ruleset, VERL)]
-    assert steps == [(f.rule_id, f.attempt, f.step) for f in fire(ruleset, RUN_JSONL)]
+    steps = [(f["rule_id"], f["attempt"], f["step"]) for f in fire(ruleset, PER_RANK)]
+    assert steps == [(f["rule_id"], f["attempt"], f["step"]) for f in fire(ruleset, VERL)]
+    assert steps == [(f["rule_id"], f["attempt"], f["step"]) for f in fire(ruleset, RUN_JSONL)]
     assert {rule_id for rule_id, _, _ in steps} == {
         "reward-unstable",
         "entropy-not-finite",
         "length-collapse",
         "kl-guard",
     }
-    assert {f.stage for f in fire(ruleset, VERL)} == {"trainer"}
+    assert {f["stage"] for f in fire(ruleset, VERL)} == {"trainer"}
 
 
 def test_absent_attempts_are_inferred_as_the_trainer_numbered_them(tmp_path: Path) -> None:
@@ -187,13 +190,13 @@ def test_absent_attempts_are_inferred_as_the_trainer_numbered_them(tmp_path: Pat
     ruleset = load_rules(FEATURES)
     recorded = fire(ruleset, RUN_JSONL)
     inferred = fire(ruleset, stripped)
-    assert [f.attempt for f in inferred] == [f.attempt for f in recorded]
-    assert [f.command_id for f in inferred] == [f.command_id for f in recorded]
+    assert [f["attempt"] for f in inferred] == [f["attempt"] for f in recorded]
+    assert [f["command_id"] for f in inferred] == [f["command_id"] for f in recorded]
 
 
 @pytest.mark.parametrize("path", [RUN_JSONL, PER_RANK, VERL], ids=["rlpulse", "per-rank", "verl"])
 def test_a_malformed_line_is_reported_with_file_and_line_and_skipped(path: Path) -> None:
-    result = replay(load_preset("seed"), read_recording(path, run=RUN))
+    result = run_backtest(load_preset("seed"), read_recording(path, run=RUN))
     assert [(m.path, m.line) for m in result.malformed] == [MALFORMED_AT[path]]
     assert "not JSON" in result.malformed[0].reason
     assert result.rejected == [] and result.duplicates == 0
@@ -210,22 +213,22 @@ def test_json_output_has_one_object_per_firing() -> None:
     assert outcome.exit_code == 0, outcome.output
     lines = outcome.stdout.splitlines()
     assert len(lines) == len(fire(load_rules(FEATURES), RUN_JSONL)) > 0
-    required = {"run", "attempt", "step", "stage", "rule_id", "actions", "reason", "dry_run"}
+    required = {"run_id", "attempt", "step", "stage", "rule_id", "actions", "reason", "dry_run"}
     for line in lines:
         found = json.loads(line)
-        assert required | {"command_id"} <= set(found)
-        assert found["run"] == RUN and isinstance(found["actions"], list)
+        assert required | {"command_id", "origin", "evidence", "issued_ns"} <= set(found)
+        assert found["run_id"] == RUN and isinstance(found["actions"], list)
 
 
 def test_tables_per_run() -> None:
     outcome = cli("--rules", str(SEED), "--events", str(PER_RANK), "--run", RUN)
     assert outcome.exit_code == 0, outcome.output
     out = outcome.stdout
-    assert f"run {RUN}: 3 firings" in out
+    assert f"run {RUN}: 3 commands" in out
     for text in ("unstable-reward", "kl-guard", "checkpoint(tag=kl_violation)", "stop", "39"):
         assert text in out
     assert "scale_rollout_batch(factor=2, max=256)" in out
-    assert "1031 events, 129 step summaries, 3 firings" in outcome.stderr
+    assert "1031 events, 129 step summaries, 3 commands" in outcome.stderr
 
 
 def test_a_run_without_firings_is_listed(tmp_path: Path) -> None:
@@ -235,10 +238,10 @@ def test_a_run_without_firings_is_listed(tmp_path: Path) -> None:
     assert outcome.exit_code == 0 and "run r: no rule fired" in outcome.stdout
 
 
-def test_runs_standalone_as_a_module() -> None:
+def test_runs_as_a_subcommand_with_a_preset_name() -> None:
     paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(paths)}  # this checkout's rlpulse
-    command = [sys.executable, "-m", "rlpulse.backtest", "--rules", str(SEED)]
+    command = [sys.executable, "-m", "rlpulse", "rules", "backtest", "--rules", "seed"]
     command += ["--events", str(VERL), "--json", "--run", RUN]
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=REPO)
     assert done.returncode == 0, done.stderr
@@ -305,7 +308,7 @@ def test_verl_lines_are_rank_0_of_stage_trainer(tmp_path: Path) -> None:
         ),
         items,
     )
-    assert (firing.run, firing.stage, firing.step) == ("my-experiment", "trainer", 3)
+    assert (firing["run_id"], firing["stage"], firing["step"]) == ("my-experiment", "trainer", 3)
 
 
 def test_rlpulse_lines_get_defaults_and_are_checked(tmp_path: Path) -> None:
@@ -348,7 +351,7 @@ def test_events_the_joiner_refuses_are_reported(tmp_path: Path) -> None:
         + rlpulse_line(producer_id="p", seq=1, attempt=0)
         + rlpulse_line(producer_id="p", seq=1, attempt=0)  # without attempts: a resume
     )
-    result = replay(load_preset("seed"), read_recording(path))
+    result = run_backtest(load_preset("seed"), read_recording(path))
     assert [str(r) for r in result.rejected] == [f"{path}:1: invalid: rank 3 outside [0, 2)"]
     assert result.duplicates == 1 and result.events == 3
 
@@ -387,19 +390,19 @@ def test_a_step_with_a_missing_rank_closes_by_grace_on_the_recorded_clock(tmp_pa
         )
     )
     (firing,) = backtest(X_ABOVE_1, read_recording(path))
-    assert firing.step == 1 and "reported by rank 0 only" in firing.reason
-    assert firing.issued_ns == 45 * S  # the first event at or after 10 s + 30 s of grace
+    assert firing["step"] == 1 and "reported by rank 0 only" in firing["reason"]
+    assert firing["issued_ns"] == 45 * S  # the first event at or after 10 s + 30 s of grace
 
-    (late,) = backtest(X_ABOVE_1, read_recording(path), JoinerConfig(grace_s=100))
-    assert late.step == 1 and late.issued_ns == (46 + 100) * S  # closed at the end
+    (late,) = backtest(X_ABOVE_1, read_recording(path), JoinerSettings(grace_s=100))
+    assert late["step"] == 1 and late["issued_ns"] == (46 + 100) * S  # closed at the end
 
 
 def test_the_end_of_the_recording_closes_open_steps(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text(rlpulse_line(world_size=8, timestamp_ns=5 * S, metrics={"x": 2.0}))
-    result = replay(X_ABOVE_1, read_recording(path), JoinerConfig(grace_s=7))
+    result = run_backtest(X_ABOVE_1, read_recording(path), JoinerSettings(grace_s=7))
     assert result.summaries == 1
-    assert [(f.step, f.issued_ns) for f in result.firings] == [(1, 12 * S)]
+    assert [(f["step"], f["issued_ns"]) for f in result.commands] == [(1, 12 * S)]
 
 
 def test_a_resumed_run_is_attempt_1_from_where_its_steps_go_back(tmp_path: Path) -> None:

@@ -5,21 +5,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import typer
 from typer.testing import CliRunner
 
-from rlpulse.cli_rules import rules_app
-from rlpulse.rules import schema
+from rlpulse.cli import app
+from rlpulse.rules import load_preset, schema
 from tests.unit.test_rules_loader import EXPECTED_PROBLEMS, FIXTURES
 
 PRESETS = Path(schema.__file__).with_name("presets")
 PROBLEM_LINE = re.compile(
     r"^(?P<file>[^:]+):(?P<line>\d+):(?P<column>\d+): (?:\[(?P<rule>[^]]+)\] )?"
 )
-
-# The command as `rlpulse rules ...` sees it: a group inside the top-level app.
-app = typer.Typer()
-app.add_typer(rules_app, name="rules")
 
 
 def check(*paths: Path | str) -> tuple[int, list[str], list[str]]:
@@ -91,7 +86,7 @@ def test_missing_paths_and_empty_directories_fail(tmp_path: Path) -> None:
     code, out, err = check(missing, empty, FIXTURES / "minimal.good.yaml")
     assert code == 1
     assert err == [
-        f"{missing}: no such file or directory",
+        f"{missing}: no such file or directory, nor a preset (openrlhf, seed, trl, verl)",
         f"{empty}: no rules files (*.yaml, *.yml) in it",
     ]
     assert out == [f"ok: {FIXTURES / 'minimal.good.yaml'} (1 rule)"]
@@ -108,3 +103,9 @@ def test_no_arguments_shows_help() -> None:
     result = CliRunner().invoke(app, ["rules", "check"])
     assert result.exit_code == 2
     assert "Missing argument" in result.stderr
+
+
+def test_preset_names_are_checked_like_files() -> None:
+    code, out, err = check("seed", "verl")
+    assert (code, err) == (0, [])
+    assert out == ["ok: seed (2 rules)", f"ok: verl ({len(load_preset('verl').rules)} rules)"]

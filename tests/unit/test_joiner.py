@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpulse.schemas.records import StepSummary, TrainerEvent
+from rlpulse.settings import JoinerSettings
 from rlpulse.streams.joiner import (
     SUMMARY_NAMESPACE,
-    JoinerConfig,
     JoinOutcome,
     StepJoiner,
     summary_id,
@@ -76,7 +76,7 @@ def make(groups: Any = None, stages: Any = None, runs: Any = None) -> StepJoiner
         groups if groups is not None else {},
         stages if stages is not None else {},
         runs if runs is not None else {},
-        JoinerConfig(grace_s=30, late_window_s=600),
+        JoinerSettings(grace_s=30, late_window_s=600),
     )
 
 
@@ -494,9 +494,11 @@ def test_summary_id_is_deterministic() -> None:
     assert len(variants) == 5
 
 
-def test_config_is_validated() -> None:
+def test_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="grace_s"):
-        JoinerConfig(grace_s=-1)
+        JoinerSettings(grace_s=0)
+    with pytest.raises(ValueError, match="late_window_s"):
+        JoinerSettings(late_window_s=-1)
 
 
 # -- property ---------------------------------------------------------------------------

@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from rlpulse.streams.joiner import JoinerConfig, StepJoiner
+from rlpulse.settings import EventLimits, JoinerSettings
+from rlpulse.streams.joiner import StepJoiner
 from tests.unit.test_joiner import GRACE, T0, S, ev, make, only
 
 
 def test_stragglers_are_ranks_last_in_k_of_the_last_n_steps() -> None:
-    joiner = StepJoiner({}, {}, {}, JoinerConfig(straggler_window=4, straggler_min=3))
+    joiner = StepJoiner({}, {}, {}, JoinerSettings(straggler_window=4, straggler_min=3))
     found = []
     for step in range(1, 9):
         slow = 2 if step <= 5 else 0  # rank 2 arrives last in steps 1-5, rank 0 after that
@@ -27,7 +28,7 @@ def test_stragglers_are_ranks_last_in_k_of_the_last_n_steps() -> None:
 
 
 def test_stragglers_ignore_incomplete_and_single_rank_steps() -> None:
-    joiner = StepJoiner({}, {}, {}, JoinerConfig(straggler_window=2, straggler_min=1))
+    joiner = StepJoiner({}, {}, {}, JoinerSettings(straggler_window=2, straggler_min=1))
     assert only(joiner.add(ev(0, 1, world_size=1), T0))["stragglers"] == []
     joiner.add(ev(1, 2, stage="actor"), T0)
     [summary] = joiner.expire(T0 + 31 * 10**9)
@@ -44,7 +45,7 @@ def test_stragglers_ignore_incomplete_and_single_rank_steps() -> None:
         ({"run_id": "r" * 257}, "too_large: run_id of 257 chars > 256"),
         ({"world_size": 70_000}, "too_large: world_size 70000 > 65536"),
         ({"metrics": {f"m{i}": 0.0 for i in range(1_025)}}, "too_large: 1025 metrics"),
-        ({"tags": {f"t{i}": "" for i in range(65)}}, "too_large: 0 metrics and 65 tags"),
+        ({"tags": {f"t{i}": "" for i in range(65)}}, "too_large: 65 tags > 64"),
         ({"metrics": {"m" * 300: 1.0}}, "too_large: a name or tag of 300 chars > 256"),
         ({"tags": {"k": "v" * 300}}, "too_large: a name or tag of 300 chars > 256"),
     ],
@@ -59,9 +60,9 @@ def test_absurd_sizes_are_refused(overrides: dict[str, Any], reason: str) -> Non
 
 def test_limits_are_validated() -> None:
     with pytest.raises(ValueError, match="straggler_min"):
-        JoinerConfig(straggler_window=3, straggler_min=4)
-    with pytest.raises(ValueError, match="limits"):
-        JoinerConfig(max_metrics=0)
+        JoinerSettings(straggler_window=3, straggler_min=4)
+    with pytest.raises(ValueError, match="max_metrics"):
+        EventLimits(max_metrics=0)
 
 
 def test_replay_over_a_stale_stage_gives_the_same_summaries() -> None:

@@ -19,7 +19,7 @@ from rlpulse.producers import (
     EXIT_STOPPED_BY_RULE,
     CommandBus,
     InvalidValueError,
-    ProducerConfig,
+    Settings,
     RunLink,
     StopRequested,
     single_process_broadcast,
@@ -29,7 +29,7 @@ from rlpulse.producers.bus import Broadcast
 from rlpulse.schemas.records import Action, ControlCommand
 
 T = TypeVar("T")
-UNREACHABLE = ProducerConfig(bootstrap_servers="127.0.0.1:1", topic_prefix="unit")
+UNREACHABLE = Settings(bootstrap="127.0.0.1:1", prefix="unit")
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +112,7 @@ def run_ranks(world_size: int, script: dict[int, list[ControlCommand]], steps: i
 
     def rank_loop(rank: int) -> None:
         link = RunLink(
-            "run-a", rank=rank, world_size=world_size, config=UNREACHABLE,
+            "run-a", rank=rank, world_size=world_size, settings=UNREACHABLE,
             broadcast=bus.for_rank(rank),
         )  # fmt: skip
         if rank == 0:
@@ -226,7 +226,7 @@ def test_resume_gives_every_rank_the_attempt_rank_0_took(tmp_path: Path) -> None
 
     def resume(rank: int) -> None:
         link = RunLink.resume(
-            "run-a", tmp_path, rank=rank, world_size=3, config=UNREACHABLE,
+            "run-a", tmp_path, rank=rank, world_size=3, settings=UNREACHABLE,
             broadcast=bus.for_rank(rank),
         )  # fmt: skip
         attempts[rank] = link.attempt
@@ -246,8 +246,8 @@ def test_resume_gives_every_rank_the_attempt_rank_0_took(tmp_path: Path) -> None
 
 
 def test_single_process_resume_needs_no_broadcast(tmp_path: Path) -> None:
-    link = RunLink.resume("run-a", tmp_path, config=UNREACHABLE)
+    link = RunLink.resume("run-a", tmp_path, settings=UNREACHABLE)
     assert link.attempt == 1
     link.close(timeout_s=0)
     with pytest.raises(InvalidValueError, match="broadcast"):
-        RunLink.resume("run-a", tmp_path, rank=1, world_size=2, config=UNREACHABLE)
+        RunLink.resume("run-a", tmp_path, rank=1, world_size=2, settings=UNREACHABLE)

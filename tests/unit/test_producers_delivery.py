@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from rlpulse.producers import EventLogger, ProducerConfig
-from rlpulse.producers.config import new_producer
+from rlpulse.producers import EventLogger, Settings
+from rlpulse.transport.clients import new_producer
 from rlpulse.producers.delivery import DeliveryPump, undeliverable
 from rlpulse.producers.spool import Spool, SpooledEvent, read_spool_file, spool_files
 
-UNREACHABLE = ProducerConfig(bootstrap_servers="127.0.0.1:1", topic_prefix="unit")
+UNREACHABLE = Settings(bootstrap="127.0.0.1:1", prefix="unit")
 
 
 class FakeMessage:
@@ -89,8 +89,8 @@ def test_failed_reports_switch_to_spool_mode_and_are_spooled_in_seq_order(
 
 
 def test_close_spools_what_is_queued_and_keeps_the_files(tmp_path: Path) -> None:
-    config = UNREACHABLE.model_copy(update={"spool_dir": tmp_path})
-    logger = EventLogger("run-a", config=config)
+    settings = UNREACHABLE.updated({"producer.spool_dir": tmp_path})
+    logger = EventLogger("run-a", settings=settings)
     for step in range(50):
         logger.log({"loss": 1.0}, step)
     start = time.monotonic()
@@ -103,8 +103,8 @@ def test_close_spools_what_is_queued_and_keeps_the_files(tmp_path: Path) -> None
 def test_a_spool_that_cannot_be_written_drops_and_counts(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("a file where the spool directory should be")
-    config = UNREACHABLE.model_copy(update={"spool_dir": blocker})
-    logger = EventLogger("run-a", config=config)
+    settings = UNREACHABLE.updated({"producer.spool_dir": blocker})
+    logger = EventLogger("run-a", settings=settings)
     logger.log({"loss": 1.0}, 0)
     assert logger.close(timeout_s=0.1) == 1
     assert (logger.spooled, logger.dropped) == (0, 1)

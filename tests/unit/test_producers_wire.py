@@ -13,6 +13,7 @@ from rlpulse.producers import wire as wire_module
 from rlpulse.producers.wire import EventEncoder, EventSource, zigzag
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.records import EventKind
+from rlpulse.settings import EventLimits
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
 INTS = st.integers(-(2**31), 2**31 - 1)
@@ -75,7 +76,7 @@ def test_encoder_matches_the_codec_byte_for_byte(
     trace_id: str | None,
 ) -> None:
     codec = default_codec()
-    encoder = EventEncoder(src, codec)
+    encoder = EventEncoder(src, codec, EventLimits())
     assert encoder.fast
     args = (kind, step, stage, world_size, metrics, timestamp_ns, seq)
     extra = {"level": level, "message": message, "policy_version": policy_version}
@@ -87,7 +88,7 @@ def test_encoder_matches_the_codec_byte_for_byte(
 
 def test_non_finite_values_survive() -> None:
     codec = default_codec()
-    encoded = EventEncoder(source(), codec).encode(
+    encoded = EventEncoder(source(), codec, EventLimits()).encode(
         "metrics", 1, "rollout", 1, {"nan": math.nan, "inf": -math.inf}, 0, 0
     )
     metrics = codec.decode_event(encoded)["metrics"]
@@ -97,7 +98,7 @@ def test_non_finite_values_survive() -> None:
 def test_a_newer_schema_falls_back_to_the_codec(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wire_module, "FAST_FINGERPRINT", b"\x00" * 8)
     codec = Codec()
-    encoder = EventEncoder(source(tags={"a": "b"}), codec)
+    encoder = EventEncoder(source(tags={"a": "b"}), codec, EventLimits())
     assert not encoder.fast
     encoded = encoder.encode("log", 3, "actor", 2, {"x": 1}, 5, 6, level="INFO", message="m")
     event = codec.decode_event(encoded)
@@ -111,13 +112,13 @@ def test_a_newer_schema_falls_back_to_the_codec(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("value", ["1.0", b"1", None, [1.0], object()])
 def test_bad_metric_value_names_its_key(value: object) -> None:
-    encoder = EventEncoder(source(), default_codec())
+    encoder = EventEncoder(source(), default_codec(), EventLimits())
     with pytest.raises(InvalidFieldError, match=r"metrics\['bad'\]"):
         encoder.encode("metrics", 1, "s", 1, {"ok": 1.0, "bad": value}, 0, 0)  # type: ignore[dict-item]
 
 
 def test_bad_metric_key_and_mapping_are_refused() -> None:
-    encoder = EventEncoder(source(), default_codec())
+    encoder = EventEncoder(source(), default_codec(), EventLimits())
     with pytest.raises(InvalidFieldError, match="str metric names"):
         encoder.encode("metrics", 1, "s", 1, {3: 1.0}, 0, 0)  # type: ignore[dict-item]
     with pytest.raises(InvalidFieldError, match="mapping"):

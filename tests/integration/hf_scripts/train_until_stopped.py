@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from rlpulse.producers import ProducerConfig
+from rlpulse.producers import Settings
 from rlpulse.producers.integrations.hf import RlpulseCallback
 
 SEQUENCE = 16
@@ -63,7 +63,7 @@ def main() -> None:
     )
     callback = RlpulseCallback(
         options.run_id,
-        config=ProducerConfig(bootstrap_servers=options.bootstrap, topic_prefix=options.prefix),
+        settings=Settings(bootstrap=options.bootstrap, prefix=options.prefix),
     )
     trainer = Trainer(
         model=model, args=args, train_dataset=random_tokens(4096), callbacks=[callback]

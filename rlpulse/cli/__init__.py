@@ -1,0 +1,40 @@
+"""The ``rlpulse`` command line: one module per command, each thin over a library function.
+
+``rlpulse worker`` is :mod:`rlpulse.cli.worker`, ``rlpulse rules ...`` is
+:mod:`rlpulse.cli.rules`, and so on. Heavy imports (faust, the worker) happen inside the
+commands that need them, so ``rlpulse broker ...`` starts quickly.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from rlpulse.cli.aggregate import aggregate
+from rlpulse.cli.broker import broker_app
+from rlpulse.cli.config import config_app
+from rlpulse.cli.control import control_app
+from rlpulse.cli.demo import demo
+from rlpulse.cli.replay import replay
+from rlpulse.cli.rules import rules_app
+from rlpulse.cli.worker import worker
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    help="Telemetry and closed-loop control for LLM RL post-training.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(broker_app, name="broker")
+app.add_typer(control_app, name="control")
+app.add_typer(rules_app, name="rules", help="Check, backtest and publish rules files.")
+app.add_typer(config_app, name="config")
+app.command("worker")(worker)
+app.command("demo")(demo)
+app.command("replay")(replay)
+app.command("aggregate")(aggregate)
+
+
+def main() -> None:
+    """Entry point of the ``rlpulse`` script."""
+    app()

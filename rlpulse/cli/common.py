@@ -1,0 +1,87 @@
+"""What every ``rlpulse`` command shares: consoles, option types, settings, one-line errors.
+
+Options that stand for a setting default to ``None`` ("not given") and are passed to
+:func:`settings` under their dotted name, so an unset flag falls back to the environment,
+the config file and the default (:mod:`rlpulse.settings`). Errors rlpulse raises on purpose
+(:class:`~rlpulse.exceptions.RlpulseError`) end a command with one line and status 1,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+
+from rlpulse.exceptions import RlpulseError
+from rlpulse.settings import Settings, load_settings
+
+__all__ = [
+    "Bootstrap",
+    "ConfigFile",
+    "Prefix",
+    "err",
+    "fail",
+    "one_line_errors",
+    "out",
+    "say",
+    "settings",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+err = Console(stderr=True)
+out = Console()
+
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="A YAML settings file (default: $RLPULSE_CONFIG); flags and RLPULSE_* win over it.",
+        dir_okay=False,
+    ),
+]
+Bootstrap = Annotated[
+    str | None,
+    typer.Option(
+        help="Kafka bootstrap servers (default: $RLPULSE_BOOTSTRAP, else the local broker)."
+    ),
+]
+Prefix = Annotated[str | None, typer.Option(help="Topic prefix (default: rlpulse).")]
+
+
+def say(message: str) -> None:
+    """A progress line on stderr, dimmed."""
+    err.print(f"[dim]{message}[/]", highlight=False)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print ``error: message`` on stderr; return the exit to raise (status 1)."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(1)
+
+
+def settings(config_file: Path | None, flags: Mapping[str, Any] | None = None) -> Settings:
+    """The settings for a command: ``flags`` (dotted names, ``None`` = not given) over the rest."""
+    try:
+        return load_settings(flags, config_file)
+    except RlpulseError as exc:
+        raise fail(str(exc)) from None
+
+
+def one_line_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Turn an :class:`RlpulseError` escaping ``command`` into one line and exit status 1."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except RlpulseError as exc:
+            raise fail(str(exc)) from None
+
+    return run

@@ -1,0 +1,53 @@
+"""``rlpulse replay [DIR]``: send the events a dead trainer process left in its spool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlpulse.cli.common import Bootstrap, ConfigFile, err, one_line_errors, out, settings
+from rlpulse.producers.replay import replay_spool
+from rlpulse.schemas.topics import Topics
+from rlpulse.transport.bootstrap import bootstrap_servers
+
+
+@one_line_errors
+def replay(
+    directory: Annotated[
+        Path | None,
+        typer.Argument(help="A spool directory, searched recursively (default: every run's)."),
+    ] = None,
+    bootstrap: Bootstrap = None,
+    prefix: Annotated[
+        str | None, typer.Option(help="Send to <prefix>.events instead of the spooled topic.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait per spool file.")] = 60.0,
+    config: ConfigFile = None,
+) -> None:
+    """Send the events a trainer process left in its spool (e.g. after it was killed).
+
+    Exits 0 when every event was delivered (or there was none), 1 when some were not
+    (their files are kept for another try).
+    """
+    chosen = settings(config, {"bootstrap": bootstrap, "prefix": prefix})
+    root = directory or chosen.spool_root
+    topic = None if prefix is None else Topics(chosen.prefix).events
+    report = replay_spool(root, chosen, topic=topic, timeout_s=timeout)
+    out.print(
+        f"replayed {report.delivered} event(s) from {report.files} spool file(s) under "
+        f"{root} to {bootstrap_servers(chosen)}",
+        highlight=False,
+    )
+    if report.busy_producers:
+        out.print(f"skipped {report.busy_producers} spool(s) held by a live process")
+    if report.unreadable_lines:
+        out.print(f"skipped {report.unreadable_lines} unreadable line(s)")
+    if not report.complete:
+        err.print(
+            f"{report.undelivered} event(s) not delivered within {timeout:.0f} s; "
+            "their files are kept: run the replay again",
+            highlight=False,
+        )
+        raise typer.Exit(1)

@@ -1,0 +1,247 @@
+"""``rlpulse rules check|backtest|publish``: work with rules files from the shell.
+
+Wherever a rules file is asked for, a preset name (``seed``, ``verl``, ``trl``,
+``openrlhf``) works too, unless a file of that name exists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Annotated, Final
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rlpulse.cli.common import Bootstrap, ConfigFile, Prefix, one_line_errors, settings
+from rlpulse.offline.backtest import BacktestResult, InputFormat, read_recording, run_backtest
+from rlpulse.rules.exceptions import PresetNotFoundError, RulesFileError
+from rlpulse.rules.loader import list_presets, load_preset, load_rules, load_rules_source
+from rlpulse.rules.model import RuleSet, format_number
+from rlpulse.schemas.records import Action, ControlCommand
+from rlpulse.settings import JoinerSettings
+
+rules_app = typer.Typer(no_args_is_help=True)
+
+RULES_SUFFIXES: Final = (".yaml", ".yml")
+"""The files a directory argument stands for."""
+_JOINER_DEFAULTS: Final = JoinerSettings()
+
+
+@rules_app.callback()
+def rules() -> None:
+    """Check, backtest and publish rules files."""  # a callback makes this a group
+
+
+@rules_app.command("check")
+def check(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Rules files, directories (their *.yaml and *.yml files) or preset names.",
+            metavar="PATH...",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Validate rules files and report every problem, each with its file, line and column.
+
+    Problems go to stderr, 'ok: FILE (N rules)' to stdout. Exits 1 if any file is bad.
+    """
+    raise typer.Exit(check_rules_files(paths))
+
+
+@rules_app.command("publish")
+@one_line_errors
+def publish(
+    path: Annotated[Path, typer.Argument(help="The rules file.", exists=True, dir_okay=False)],
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = None,
+    config: ConfigFile = None,
+) -> None:
+    """Validate a rules file and publish it to every worker through the rules topic.
+
+    A file with problems is refused (exit 1) and nothing is published.
+    """
+    from rlpulse.ops.rules import publish_rules
+    from rlpulse.schemas.topics import Topics
+
+    chosen = settings(config, {"bootstrap": bootstrap, "prefix": prefix})
+    try:
+        ruleset = publish_rules(path, chosen)
+    except RulesFileError as exc:
+        for problem in exc.problems:
+            typer.echo(str(problem), err=True)
+        typer.echo(f"not published: {path} has problems", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"published {path} ({len(ruleset.rules)} rules) to {Topics(chosen.prefix).rules}")
+
+
+@rules_app.command("backtest")
+@one_line_errors
+def backtest(
+    rules_source: Annotated[
+        str, typer.Option("--rules", help="A rules file or a preset name.", show_default=False)
+    ],
+    events: Annotated[
+        Path,
+        typer.Option(
+            "--events",
+            help="rlpulse JSON Lines, verl's file-backend JSON Lines, or a directory of "
+            "<component>_rank<N>.jsonl files.",
+            exists=True,
+        ),
+    ],
+    json_output: Annotated[
+        bool, typer.Option("--json", help="One ControlCommand (JSON) per line instead of tables.")
+    ] = False,
+    grace_s: Annotated[
+        float, typer.Option("--grace-s", help="Seconds to wait for missing ranks.")
+    ] = _JOINER_DEFAULTS.grace_s,
+    late_window_s: Annotated[
+        float,
+        typer.Option("--late-window-s", help="Seconds a closed step accepts late events."),
+    ] = _JOINER_DEFAULTS.late_window_s,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            help="Run id of a per-rank directory (default: its name) or a verl file (default: "
+            "its name); with rlpulse JSON Lines, play only this run."
+        ),
+    ] = None,
+    input_format: Annotated[
+        InputFormat, typer.Option("--format", help="Input format.")
+    ] = InputFormat.AUTO,
+) -> None:
+    """Play recorded events through the worker's step pipeline; print the commands issued.
+
+    Prints a table of commands per run (step, stage, rule, actions, reason), or with --json
+    one ControlCommand per line: the records the worker would have published, ids included.
+    Unreadable lines and refused events are reported on stderr with file:line and skipped.
+    """
+    try:
+        joiner = JoinerSettings(grace_s=grace_s, late_window_s=late_window_s)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        ruleset = load_rules_source(rules_source)
+        recording = read_recording(events, run=run, input_format=input_format)
+        result = run_backtest(ruleset, recording, joiner)
+    except (RulesFileError, PresetNotFoundError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if json_output:
+        for command in result.commands:
+            typer.echo(json.dumps(command))
+    else:
+        print_commands(result, Console(highlight=False))
+    for problem in (*result.malformed, *result.rejected):
+        typer.echo(f"{problem}; skipped", err=True)
+    for error in result.rule_errors:
+        typer.echo(f"rule engine failed on summary {error}", err=True)
+    typer.echo(
+        f"{result.events} events, {result.summaries} step summaries, "
+        f"{len(result.commands)} commands; {len(result.malformed)} malformed lines skipped, "
+        f"{len(result.rejected)} events rejected, {result.duplicates} duplicates dropped",
+        err=True,
+    )
+
+
+def check_rules_files(paths: Sequence[Path]) -> int:
+    """Validate every rules file named by ``paths``; print the outcome; return the exit code.
+
+    Plain lines, never wrapped, so that editors and ``grep`` can use them.
+    """
+    failed = False
+    for path, trouble in _expand(paths):
+        if trouble is not None:
+            typer.echo(f"{path}: {trouble}", err=True)
+            failed = True
+            continue
+        try:
+            ruleset = _load(path)
+        except RulesFileError as exc:
+            for problem in exc.problems:
+                typer.echo(str(problem), err=True)
+            failed = True
+        except OSError as exc:
+            typer.echo(f"{path}: cannot read: {exc.strerror or exc}", err=True)
+            failed = True
+        else:
+            count = len(ruleset.rules)
+            typer.echo(f"ok: {path} ({count} rule{'' if count == 1 else 's'})")
+    return 1 if failed else 0
+
+
+def _load(path: Path) -> RuleSet:
+    return load_rules(path) if path.exists() else load_preset(str(path))
+
+
+def _expand(paths: Iterable[Path]) -> Iterator[tuple[Path, str | None]]:
+    """Yield each file to check, with why it cannot be checked (``None`` if it can)."""
+    presets = list_presets()
+    for path in paths:
+        if not path.exists():
+            known = str(path) in presets
+            names = ", ".join(presets)
+            trouble = None if known else f"no such file or directory, nor a preset ({names})"
+            yield path, trouble
+            continue
+        if not path.is_dir():
+            yield path, None
+            continue
+        files = sorted(
+            entry
+            for entry in path.iterdir()
+            if entry.suffix in RULES_SUFFIXES and not entry.is_dir()
+        )
+        if not files:
+            yield path, f"no rules files ({', '.join('*' + s for s in RULES_SUFFIXES)}) in it"
+        yield from ((file, None) for file in files)
+
+
+def print_commands(result: BacktestResult, console: Console) -> None:
+    """One table per run of the commands a backtest issued (or 'no rule fired')."""
+    by_run: dict[str, list[ControlCommand]] = {run: [] for run in result.runs}
+    for command in result.commands:
+        by_run.setdefault(command["run_id"], []).append(command)
+    for run, commands in by_run.items():
+        if not commands:
+            console.print(Text(f"run {run}: no rule fired"))
+            continue
+        table = Table(
+            title=Text(f"run {run}: {len(commands)} commands"), title_justify="left", expand=True
+        )
+        for name in ("attempt", "step"):
+            table.add_column(name, justify="right")
+        table.add_column("stage", overflow="fold")
+        table.add_column("rule", no_wrap=True)
+        table.add_column("actions", overflow="fold", ratio=2)
+        table.add_column("reason", overflow="fold", ratio=3)
+        for command in commands:
+            rule = (command["rule_id"] or "") + (" (dry run)" if command["dry_run"] else "")
+            table.add_row(
+                str(command["attempt"]),
+                str(command["step"]),
+                Text(command["stage"]),
+                Text(rule),
+                Text("\n".join(map(_action_text, command["actions"]))),
+                Text(command["reason"]),
+            )
+        console.print(table)
+
+
+def _action_text(action: Action) -> str:
+    """``checkpoint(tag=kl_violation)``, ``stop``, ``scale_rollout_batch(factor=2, max=256)``."""
+    params = ", ".join(
+        f"{key}={format_number(value) if isinstance(value, float) else value}"
+        for key, value in action["params"].items()
+    )
+    return f"{action['type']}({params})" if params else action["type"]

@@ -1,0 +1,355 @@
+"""A real single-node Apache Kafka (KRaft, combined mode) on 127.0.0.1.
+
+``rlpulse broker up`` resolves the Kafka jars with Maven from the packaged
+``kafka/pom.xml`` into ``<home>/kafka-jars`` (downloaded once, reused after), formats
+KRaft storage, starts ``kafka.Kafka`` and waits until a metadata request succeeds.
+The broker's pid, ports and bootstrap address are recorded in a state directory so
+``status`` and ``down`` find it again from another process. The demo and the test
+suite start their brokers with this same code.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+from rlpulse.local.exceptions import BrokerError
+from rlpulse.settings import Settings
+from rlpulse.transport.bootstrap import BrokerRecord, pid_alive
+from rlpulse.transport.clients import new_admin
+
+__all__ = ["DEFAULT_PORT", "KafkaJars", "LocalBroker", "bootstrap_or_local_broker", "tail"]
+
+DEFAULT_PORT = 9092
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 15
+
+Progress = Callable[[str], None]
+
+
+def _kafka_files() -> Path:
+    return Path(str(resources.files("rlpulse.local").joinpath("kafka")))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _kafka_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a text file, or '' if it does not exist."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def bootstrap_or_local_broker(settings: Settings, state_dir: Path) -> Iterator[str]:
+    """``settings.bootstrap`` if set, else a new local broker in ``state_dir``, stopped on exit."""
+    if settings.bootstrap:
+        yield settings.bootstrap
+        return
+    broker = LocalBroker(settings, state_dir=state_dir, port=0)
+    record = broker.up()
+    try:
+        yield record.bootstrap
+    finally:
+        broker.down()
+
+
+class KafkaJars:
+    """The Kafka jars for one version of ``kafka/pom.xml``, resolved by Maven into a cache."""
+
+    def __init__(self, cache_dir: Path, pom: Path | None = None) -> None:
+        self.pom = pom if pom is not None else _kafka_files() / "pom.xml"
+        digest = hashlib.sha256(self.pom.read_bytes()).hexdigest()[:12]
+        self.directory = cache_dir / "kafka-jars" / digest
+
+    @property
+    def kafka_version(self) -> str:
+        """The Kafka version the pom asks for."""
+        text = self.pom.read_text()
+        start = text.index("<kafka.version>") + len("<kafka.version>")
+        return text[start : text.index("</kafka.version>", start)]
+
+    def ready(self) -> bool:
+        """Whether a complete resolution is already cached."""
+        return (self.directory / ".complete").exists()
+
+    def resolve(self, progress: Progress) -> Path:
+        """Return the jar directory, running Maven first if it is not cached yet."""
+        if self.ready():
+            return self.directory
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise BrokerError(
+                "Maven (mvn) is not on PATH; rlpulse needs it once to fetch the Kafka jars "
+                "(apt-get install maven)."
+            )
+        progress(f"Resolving Apache Kafka {self.kafka_version} jars with Maven (first run only)")
+        staging = self.directory.with_name(self.directory.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            mvn,
+            "-B",
+            "-q",
+            "-f",
+            str(self.pom),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={staging}",
+            "-DincludeScope=runtime",
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            output = "\n".join((result.stdout + result.stderr).splitlines()[-LOG_TAIL_LINES:])
+            raise BrokerError(f"Maven could not resolve the Kafka jars:\n{output}")
+        (staging / ".complete").write_text(self.kafka_version)
+        if self.directory.exists():  # another process finished first
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            staging.rename(self.directory)
+        return self.directory
+
+
+class LocalBroker:
+    """One local Kafka broker whose files live in ``state_dir``.
+
+    ``port=0`` picks free ports (what tests use); otherwise the broker listens on
+    ``port`` and its controller on ``port + 1``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        state_dir: Path | None = None,
+        port: int = DEFAULT_PORT,
+        overrides: Mapping[str, str] | None = None,
+        heap: str = "1g",
+    ) -> None:
+        self.settings = settings
+        self.cache_dir = settings.home
+        self.state_dir = state_dir if state_dir is not None else settings.home / "broker"
+        self.port = port
+        self.overrides = dict(overrides or {})
+        self.heap = heap
+
+    @property
+    def state_file(self) -> Path:
+        """JSON record of the running broker."""
+        return self.state_dir / "state.json"
+
+    @property
+    def log_file(self) -> Path:
+        """The broker's own log."""
+        return self.state_dir / "logs" / "server.log"
+
+    @property
+    def console_file(self) -> Path:
+        """The JVM's stdout and stderr."""
+        return self.state_dir / "logs" / "console.log"
+
+    def info(self) -> BrokerRecord | None:
+        """The recorded broker if its process is alive, else None."""
+        return BrokerRecord.read(self.state_dir)
+
+    def status(self) -> str:
+        """One sentence saying whether the broker is up and where."""
+        info = self.info()
+        if info is not None:
+            healthy = self._metadata_ok(info.bootstrap, timeout_s=5.0)
+            state = "up" if healthy else "running but not answering metadata requests"
+            return (
+                f"Kafka {info.kafka_version} is {state} at {info.bootstrap} "
+                f"(pid {info.pid}, log {info.log_file})"
+            )
+        if self.state_file.exists():
+            return f"Kafka is down (stale state in {self.state_dir}: its process is gone)"
+        return f"Kafka is down (no broker recorded in {self.state_dir})"
+
+    def up(self, progress: Progress | None = None) -> BrokerRecord:
+        """Start the broker, or return the running one; raise BrokerError with the reason."""
+        say = progress or (lambda _msg: None)
+        running = self.info()
+        if running is not None and self._metadata_ok(running.bootstrap, timeout_s=10.0):
+            say(f"Reusing Kafka at {running.bootstrap} (pid {running.pid})")
+            return running
+        if running is not None:
+            raise BrokerError(
+                f"a broker process (pid {running.pid}) is recorded in {self.state_dir} but does "
+                f"not answer at {running.bootstrap}; run `rlpulse broker down` first.\n"
+                + tail(Path(running.log_file))
+            )
+        java = shutil.which("java")
+        if java is None:
+            raise BrokerError(
+                "java is not on PATH; the local Kafka broker needs Java 17 or newer "
+                "(apt-get install openjdk-17-jre-headless)."
+            )
+        port = self.port or _free_port()
+        controller_port = port + 1 if self.port else _free_port()
+        for candidate in (port, controller_port):
+            if _port_in_use(candidate):
+                raise BrokerError(
+                    f"port {candidate} on 127.0.0.1 is already in use; stop what listens there "
+                    "or choose another with --port."
+                )
+        jars = KafkaJars(self.cache_dir)
+        libs = jars.resolve(say)
+        config = self._write_config(port, controller_port)
+        self._format_storage(java, libs, config, say)
+        say(f"Starting Apache Kafka {jars.kafka_version} on 127.0.0.1:{port}")
+        process = self._launch(java, libs, config)
+        info = BrokerRecord(
+            pid=process.pid,
+            port=port,
+            controller_port=controller_port,
+            bootstrap=f"127.0.0.1:{port}",
+            kafka_version=jars.kafka_version,
+            log_file=str(self.log_file),
+            started_ns=time.time_ns(),
+        )
+        info.write(self.state_dir)
+        self._wait_ready(process, info)
+        say(f"Kafka is up at {info.bootstrap}")
+        return info
+
+    def down(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Stop the recorded broker: SIGTERM, then SIGKILL after ``timeout_s``. True if one ran."""
+        info = self.info()
+        if info is None:
+            self.state_file.unlink(missing_ok=True)
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and pid_alive(info.pid):
+            time.sleep(0.1)
+        if pid_alive(info.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(info.pid, signal.SIGKILL)
+            while pid_alive(info.pid):
+                time.sleep(0.05)
+        self.state_file.unlink(missing_ok=True)
+        return True
+
+    def _write_config(self, port: int, controller_port: int) -> Path:
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        template = Template((_kafka_files() / "server.properties").read_text())
+        text = template.substitute(
+            port=port, controller_port=controller_port, data_dir=self.state_dir / "data"
+        )
+        if self.overrides:
+            text += "\n# overrides\n" + "".join(f"{k}={v}\n" for k, v in self.overrides.items())
+        config = self.state_dir / "server.properties"
+        config.write_text(text)
+        return config
+
+    def _java_command(self, java: str, libs: Path, main: str, *args: str) -> list[str]:
+        return [
+            java,
+            f"-Xmx{self.heap}",
+            "-Xms256m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={_kafka_files() / 'log4j2.properties'}",
+            f"-Drlpulse.log.file={self.log_file}",
+            "-cp",
+            f"{libs}/*",
+            main,
+            *args,
+        ]
+
+    def _format_storage(self, java: str, libs: Path, config: Path, say: Progress) -> None:
+        if (self.state_dir / "data" / "meta.properties").exists():
+            return
+        say("Formatting KRaft storage")
+        command = self._java_command(
+            java,
+            libs,
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={_kafka_cluster_id()}",  # an id may start with "-"
+            "-c",
+            str(config),
+        )
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise BrokerError(
+                "Kafka's StorageTool could not format the data directory:\n"
+                + (result.stdout + result.stderr).strip()
+            )
+
+    def _launch(self, java: str, libs: Path, config: Path) -> subprocess.Popen[bytes]:
+        console = self.console_file.open("ab")
+        try:
+            return subprocess.Popen(
+                self._java_command(java, libs, "kafka.Kafka", str(config)),
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            console.close()
+
+    def _wait_ready(self, process: subprocess.Popen[bytes], info: BrokerRecord) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                self.state_file.unlink(missing_ok=True)
+                raise BrokerError(
+                    f"Kafka exited with code {process.returncode} during start-up; "
+                    f"last lines of {self.log_file}:\n{self._last_lines()}"
+                )
+            if self._metadata_ok(info.bootstrap, timeout_s=2.0):
+                return
+            time.sleep(0.3)
+        self.down(timeout_s=5.0)
+        raise BrokerError(
+            f"Kafka did not answer a metadata request within {START_TIMEOUT_S:.0f} s; "
+            f"last lines of {self.log_file}:\n{self._last_lines()}"
+        )
+
+    def _last_lines(self) -> str:
+        return tail(self.log_file) or tail(self.console_file)
+
+    def _metadata_ok(self, bootstrap: str, timeout_s: float) -> bool:
+        from confluent_kafka import KafkaException
+
+        admin = new_admin(self.settings.model_copy(update={"bootstrap": bootstrap}))
+        try:
+            metadata = admin.list_topics(timeout=timeout_s)
+        except KafkaException:
+            return False
+        return bool(metadata.brokers)

@@ -1,0 +1,215 @@
+"""``rlpulse demo``: one simulated 8-rank RL run through the real pipeline.
+
+The demo starts (or reuses) the local Kafka broker and a worker with the seed rules,
+then plays a PPO-like run: its reward turns unstable around step 20 and its KL
+divergence passes 0.3 from step 40. The run reacts to the commands it receives —
+the rollout batch doubles to 128, then 256 and no further; a checkpoint is written;
+the run stops — and acknowledges each one. It exits 0 when kl-guard stopped the run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from rlpulse.local.broker import LocalBroker, tail
+from rlpulse.local.exceptions import LocalError
+from rlpulse.local.worker_process import WorkerProcess
+from rlpulse.producers import ControlClient, EventLogger
+from rlpulse.schemas.records import AckStatus, ControlCommand
+from rlpulse.schemas.topics import Topics
+from rlpulse.settings import Settings
+from rlpulse.transport.bootstrap import bootstrap_servers
+from rlpulse.transport.clients import new_admin
+from rlpulse.transport.topics import delete_topics, ensure_topics
+
+__all__ = ["SimulatedRun", "run_demo"]
+
+WORLD_SIZE = 8
+INITIAL_ROLLOUT_BATCH = 64
+MAX_STEPS = 90
+UNSTABLE_FROM, UNSTABLE_UNTIL = 20, 38
+KL_BREACH_FROM = 40
+
+
+@dataclass
+class SimulatedRun:
+    """The trainer's side of the demo: metrics per rank, and the knobs commands turn."""
+
+    run_id: str
+    checkpoint_dir: Path
+    rollout_batch: int = INITIAL_ROLLOUT_BATCH
+    stopped_by: str | None = None
+    checkpoints: list[str] = field(default_factory=list)
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+
+    def rollout_metrics(self, step: int, rank: int) -> dict[str, float]:
+        """Reward is steady, then swings by +-1.5 between steps from step 20 to 38."""
+        reward = 1.0 + 0.02 * step + self.rng.gauss(0.0, 0.05)
+        if UNSTABLE_FROM <= step <= UNSTABLE_UNTIL:
+            reward += 1.5 if step % 2 else -1.5
+        return {"reward_mean": reward, "response_length": 400.0 + 5 * rank}
+
+    def actor_metrics(self, step: int, rank: int) -> dict[str, float]:
+        """KL creeps up slowly, then jumps past 0.3 from step 40."""
+        kl = 0.05 + 0.002 * step + self.rng.uniform(0.0, 0.01)
+        if step >= KL_BREACH_FROM:
+            kl = 0.35 + 0.01 * (step - KL_BREACH_FROM) + self.rng.uniform(0.0, 0.02)
+        return {"kl_divergence": kl, "policy_loss": 0.3 + self.rng.gauss(0.0, 0.01)}
+
+    def apply(self, command: ControlCommand, step: int) -> tuple[AckStatus, dict[str, str]]:
+        """Apply every action of ``command``; return the ack status and its detail."""
+        status: AckStatus = "noop"
+        detail: dict[str, str] = {}
+        for action in command["actions"]:
+            params = action["params"]
+            if action["type"] == "scale_rollout_batch":
+                factor = float(params.get("factor") or 1.0)
+                low = int(params.get("min") or 1)
+                high = int(params.get("max") or 1 << 30)
+                old = self.rollout_batch
+                self.rollout_batch = min(max(round(old * factor), low), high)
+                detail.update(old_batch=str(old), new_batch=str(self.rollout_batch))
+                if self.rollout_batch != old:
+                    status = "applied"
+            elif action["type"] == "checkpoint":
+                path = self.checkpoint_dir / f"step_{step}_{params.get('tag') or 'manual'}.ckpt"
+                path.write_text(f"simulated weights of {self.run_id} at step {step}\n")
+                self.checkpoints.append(str(path))
+                detail["checkpoint_path"] = str(path)
+                status = "applied"
+            elif action["type"] == "stop":
+                self.stopped_by = command["rule_id"] or "operator"
+                detail["stopped_at_step"] = str(step)
+                status = "applied"
+        return status, detail
+
+
+def run_demo(
+    settings: Settings,
+    step_interval_s: float = 0.25,
+    console: Console | None = None,
+) -> int:
+    """Run the demo end to end; return the process exit code (0 = stopped by kl-guard).
+
+    Without a ``bootstrap`` setting it starts (or reuses) the local broker, and stops it at
+    the end if it started it.
+    """
+    say = console or Console()
+    broker: LocalBroker | None = None
+    if settings.bootstrap is None:
+        broker = LocalBroker(settings)
+        started_here = broker.info() is None
+        address = broker.up(progress=lambda msg: say.print(f"[dim]{msg}…[/]")).bootstrap
+        if not started_here:
+            broker = None  # reused: not ours to stop
+    else:
+        address = bootstrap_servers(settings)
+    topics = Topics(prefix=f"rlpulse-demo-{uuid.uuid4().hex[:8]}")
+    settings = settings.model_copy(update={"bootstrap": address, "prefix": topics.prefix})
+    workdir = Path(tempfile.mkdtemp(prefix="rlpulse-demo-"))
+    worker = WorkerProcess(
+        address, topics.prefix, workdir / "worker.log", rules="seed", partitions=3, grace_s=5.0
+    )
+    try:
+        ensure_topics(settings, topics, partitions=3)
+        say.print(f"[dim]Starting a worker with the seed rules (log: {worker.log_file})…[/]")
+        worker.start()
+        worker.wait_consuming(timeout_s=90.0)
+        return _play(say, settings, workdir, worker, step_interval_s)
+    finally:
+        worker.stop()
+        _delete_topics(settings, topics)
+        if broker is not None:
+            say.print("[dim]Stopping the Kafka broker the demo started…[/]")
+            broker.down()
+
+
+def _play(
+    say: Console,
+    settings: Settings,
+    workdir: Path,
+    worker: WorkerProcess,
+    step_interval_s: float,
+) -> int:
+    run = SimulatedRun(run_id=f"demo-ppo-{uuid.uuid4().hex[:6]}", checkpoint_dir=workdir)
+    ranks = [
+        EventLogger(run.run_id, rank=rank, world_size=WORLD_SIZE, settings=settings)
+        for rank in range(WORLD_SIZE)
+    ]
+    control = ControlClient(run.run_id, settings=settings)
+    say.print(
+        f"[bold]Run {run.run_id}[/]: {WORLD_SIZE} ranks, rollout batch {run.rollout_batch}; "
+        "rules: unstable-reward (var of reward over 5 steps > 0.5 -> x2, max 256), "
+        "kl-guard (KL > 0.3 for 3 steps -> checkpoint, stop)"
+    )
+    ranks[0].run_start()
+    try:
+        for step in range(1, MAX_STEPS + 1):
+            if not worker.alive():
+                raise LocalError(f"the worker died; its log:\n{tail(worker.log_file, 30)}")
+            _log_step(say, run, ranks, step)
+            time.sleep(step_interval_s)
+            for command in control.poll(timeout_s=0.05):
+                _apply_and_ack(say, run, control, command, step)
+            if run.stopped_by is not None:
+                break
+        else:
+            say.print(f"[bold red]The run reached step {MAX_STEPS} without being stopped.[/]")
+            return 1
+    finally:
+        ranks[0].run_end(step)
+        for logger in ranks:
+            logger.close(timeout_s=5.0)
+        control.close()
+    say.print(
+        f"[bold]Run stopped by {run.stopped_by} at step {step}[/]; rollout batch "
+        f"{INITIAL_ROLLOUT_BATCH} -> {run.rollout_batch}; checkpoints: {', '.join(run.checkpoints)}"
+    )
+    return 0 if run.stopped_by == "kl-guard" else 1
+
+
+def _log_step(say: Console, run: SimulatedRun, ranks: list[EventLogger], step: int) -> None:
+    rewards, kls = [], []
+    for rank, logger in enumerate(ranks):
+        rollout = run.rollout_metrics(step, rank)
+        actor = run.actor_metrics(step, rank)
+        rewards.append(rollout["reward_mean"])
+        kls.append(actor["kl_divergence"])
+        logger.log(rollout, step=step, stage="rollout")
+        logger.log(actor, step=step, stage="actor")
+    for logger in ranks:
+        logger.flush(timeout_s=5.0)
+    reward, kl = math.fsum(rewards) / WORLD_SIZE, math.fsum(kls) / WORLD_SIZE
+    say.print(
+        f"step {step:3d}  rollout batch {run.rollout_batch:3d}  reward {reward:6.2f}  KL {kl:.3f}",
+        highlight=False,
+    )
+
+
+def _apply_and_ack(
+    say: Console, run: SimulatedRun, control: ControlClient, command: ControlCommand, step: int
+) -> None:
+    say.print(
+        f"  [yellow]command[/] {command['rule_id']} (issued for step {command['step']}): "
+        f"{command['reason']}",
+        highlight=False,
+    )
+    status, detail = run.apply(command, step)
+    control.ack(command, status, applied_at_step=step, detail=detail)
+    shown = ", ".join(f"{k}={v}" for k, v in detail.items())
+    say.print(f"  [green]ack[/] {status} at step {step}: {shown}", highlight=False)
+
+
+def _delete_topics(settings: Settings, topics: Topics) -> None:
+    """Delete the demo's topics and its worker's internal topics (best effort)."""
+    existing = new_admin(settings).list_topics(timeout=10).topics
+    internal = [name for name in existing if name.startswith(f"{topics.prefix}-worker")]
+    delete_topics(settings, [*topics.all(), *internal])

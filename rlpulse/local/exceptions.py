@@ -1,0 +1,19 @@
+"""Errors raised by ``rlpulse.local``: the processes rlpulse runs on this machine."""
+
+from __future__ import annotations
+
+from rlpulse.exceptions import RlpulseError
+
+__all__ = ["BrokerError", "LocalError", "WorkerProcessError"]
+
+
+class LocalError(RlpulseError):
+    """Root of the errors raised while running local processes."""
+
+
+class BrokerError(LocalError):
+    """The local Kafka broker could not be started, found or stopped."""
+
+
+class WorkerProcessError(LocalError):
+    """A worker child process exited early or did not join its consumer group in time."""

@@ -1,0 +1,134 @@
+"""A worker running as a child process: what the demo, the tests and the benchmarks start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from rlpulse.local.broker import tail
+from rlpulse.local.exceptions import WorkerProcessError
+from rlpulse.settings import load_settings
+from rlpulse.transport.clients import new_admin
+
+__all__ = ["WorkerProcess"]
+
+
+class WorkerProcess:
+    """Starts ``rlpulse worker`` in a child process and stops it by signal."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        prefix: str,
+        log_file: Path,
+        rules: str = "seed",
+        partitions: int = 6,
+        grace_s: float = 30.0,
+        extra_args: tuple[str, ...] = (),
+        data_dir: Path | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.prefix = prefix
+        self.log_file = log_file
+        self.rules = rules
+        self.partitions = partitions
+        self.grace_s = grace_s
+        self.extra_args = extra_args
+        self.data_dir = data_dir or log_file.parent / f"{prefix}-worker-data"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def group_id(self) -> str:
+        """The worker's consumer group."""
+        return f"{self.prefix}-worker"
+
+    def command(self) -> list[str]:
+        """The command line of the child."""
+        return [
+            sys.executable,
+            "-m",
+            "rlpulse",
+            "worker",
+            "--bootstrap",
+            self.bootstrap,
+            "--prefix",
+            self.prefix,
+            "--rules",
+            self.rules,
+            "--partitions",
+            str(self.partitions),
+            "--grace",
+            str(self.grace_s),
+            "--data-dir",
+            str(self.data_dir),
+            *self.extra_args,
+        ]
+
+    def start(self) -> WorkerProcess:
+        """Launch the child; its output goes to ``log_file``."""
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        return self
+
+    def alive(self) -> bool:
+        """Whether the child is still running."""
+        return self.process is not None and self.process.poll() is None
+
+    def wait_consuming(self, timeout_s: float = 60.0) -> None:
+        """Block until the worker's consumer group is stable with this worker in it."""
+        admin = new_admin(load_settings({"bootstrap": self.bootstrap}), "worker watch")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise WorkerProcessError(
+                    f"worker exited early; its log:\n{tail(self.log_file, 30)}"
+                )
+            futures = admin.describe_consumer_groups([self.group_id], request_timeout=5)
+            try:
+                group = futures[self.group_id].result()
+            except Exception:  # the group does not exist until the worker joins
+                group = None
+            if group is not None and str(group.state).endswith("STABLE") and group.members:
+                return
+            time.sleep(0.3)
+        raise WorkerProcessError(
+            f"worker did not join group {self.group_id} within {timeout_s:.0f} s; "
+            f"its log:\n{tail(self.log_file, 30)}"
+        )
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        """Send ``sig``; after ``timeout_s`` without exit, SIGKILL. Returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""Offline analysis of recordings: rules backtests and per-rank log aggregation."""

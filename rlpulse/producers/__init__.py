@@ -1,0 +1,49 @@
+"""Trainer side of rlpulse: publish TrainerEvents, receive and acknowledge ControlCommands.
+
+``RunLink`` is the one object a training loop needs; ``EventLogger`` and ``ControlClient``
+are its two halves, ``CommandBus`` hands rank 0's commands to every rank, and
+``EventHandler`` publishes ``logging`` records, ``RankLogWriter`` writes the per-rank JSON
+Lines layout. ``Settings`` (from :mod:`rlpulse.settings`) says where Kafka is and how the
+clients behave. Imports confluent-kafka, pydantic and ``rlpulse.schemas`` (never faust).
+"""
+
+if __name__ != "rlpulse.producers":  # the repo root's `producers` is a link to this folder; see docs/design.md
+    raise ImportError(f"import rlpulse.producers, not {__name__}: `producers/` at the repository root is a "
+                      "link to rlpulse/producers, never a package of its own")
+
+
+from rlpulse.producers.bus import Broadcast, CommandBus, single_process_broadcast
+from rlpulse.producers.control import ControlClient
+from rlpulse.producers.exceptions import (
+    EXIT_STOPPED_BY_RULE,
+    InvalidFieldError,
+    InvalidValueError,
+    ProducerClosedError,
+    RefusedSourceError,
+    ProducerError,
+    StopRequested,
+)
+from rlpulse.producers.jsonl import RankLogWriter
+from rlpulse.producers.link import RunLink
+from rlpulse.producers.logger import EventLogger
+from rlpulse.producers.logging_handler import EventHandler
+from rlpulse.settings import Settings
+
+__all__ = [
+    "EXIT_STOPPED_BY_RULE",
+    "Broadcast",
+    "CommandBus",
+    "ControlClient",
+    "EventHandler",
+    "EventLogger",
+    "InvalidFieldError",
+    "InvalidValueError",
+    "ProducerClosedError",
+    "ProducerError",
+    "RankLogWriter",
+    "RefusedSourceError",
+    "RunLink",
+    "Settings",
+    "StopRequested",
+    "single_process_broadcast",
+]

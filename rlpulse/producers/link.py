@@ -1,0 +1,220 @@
+"""``RunLink``: one object per trainer process for events out and commands in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from rlpulse.producers.attempts import resume_attempt, write_attempt
+from rlpulse.producers.bus import Broadcast, CommandBus
+from rlpulse.producers.control import ControlClient
+from rlpulse.producers.exceptions import EXIT_STOPPED_BY_RULE, StopRequested
+from rlpulse.producers.logger import EventLogger
+from rlpulse.schemas.records import AckStatus, ControlCommand, EventKind
+from rlpulse.settings import Settings
+
+
+def stops(command: ControlCommand) -> bool:
+    """Whether ``command`` has a ``stop`` action."""
+    return any(action["type"] == "stop" for action in command["actions"])
+
+
+class RunLink:
+    """A run's link to rlpulse: an :class:`EventLogger` and rank 0's :class:`ControlClient`.
+
+    Every step, on every rank: ``link.log(...)``; ``link.poll_commands()`` (rank 0
+    polls, the ``broadcast`` function hands the same commands to every rank — a
+    collective, see :mod:`rlpulse.producers.bus`); apply each command, then
+    ``link.ack(cmd, status=...)`` (rank 0 writes it); at the end of the step
+    ``link.exit_if_stopped(step)``. ``link.close()`` at the end (also run at
+    interpreter exit). Construction does no network I/O.
+
+    ``attempt`` is 0 for a fresh run; a process that resumes from a checkpoint
+    starts a new attempt — build it with :meth:`resume`, and call
+    :meth:`save_attempt` with each checkpoint saved.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        attempt: int = 0,
+        tags: Mapping[str, str] | None = None,
+        settings: Settings | None = None,
+        broadcast: Broadcast | None = None,
+    ) -> None:
+        settings = settings if settings is not None else Settings()
+        self.events = EventLogger(
+            run_id, rank=rank, world_size=world_size, attempt=attempt, tags=tags, settings=settings
+        )
+        """The event logger (counters ``logged``, ``delivered``, ``spooled``, ``dropped``...)."""
+        self.control = (
+            ControlClient(run_id, attempt=attempt, settings=settings)
+            if self.events.rank == 0
+            else None
+        )
+        """Rank 0's control client (``dry_run_seen``, ``acked_command_ids``); None elsewhere."""
+        self.bus = CommandBus(self.events.rank, broadcast)
+        """How rank 0's commands reach every rank."""
+        self.stop_command: ControlCommand | None = None
+        """The first command with a ``stop`` action returned by :meth:`poll_commands`."""
+
+    @classmethod
+    def resume(
+        cls,
+        run_id: str,
+        checkpoint_dir: Path,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        tags: Mapping[str, str] | None = None,
+        settings: Settings | None = None,
+        broadcast: Broadcast | None = None,
+    ) -> RunLink:
+        """A link for a process resuming ``run_id`` from ``checkpoint_dir``: a new attempt.
+
+        Rank 0 takes the next attempt (see :func:`~rlpulse.producers.attempts.resume_attempt`)
+        and ``broadcast`` hands it to every rank — a collective like :meth:`poll_commands`.
+        """
+        bus = CommandBus(rank, broadcast)
+        attempt = bus.share(resume_attempt(checkpoint_dir, run_id) if rank == 0 else 0)
+        return cls(
+            run_id,
+            rank=rank,
+            world_size=world_size,
+            attempt=attempt,
+            tags=tags,
+            settings=settings,
+            broadcast=broadcast,
+        )
+
+    @property
+    def run_id(self) -> str:
+        """The run this link reports for."""
+        return self.events.run_id
+
+    @property
+    def rank(self) -> int:
+        """The rank of this process."""
+        return self.events.rank
+
+    @property
+    def attempt(self) -> int:
+        """The run attempt this process is."""
+        return self.events.attempt
+
+    def log(
+        self,
+        metrics: Mapping[str, float],
+        step: int,
+        stage: str = "trainer",
+        *,
+        kind: EventKind = "metrics",
+        level: str | None = None,
+        message: str | None = None,
+        world_size: int | None = None,
+        policy_version: int | None = None,
+        trace_id: str | None = None,
+    ) -> None:
+        """Publish one event; see :meth:`EventLogger.log`."""
+        self.events.log(
+            metrics,
+            step,
+            stage,
+            kind=kind,
+            level=level,
+            message=message,
+            world_size=world_size,
+            policy_version=policy_version,
+            trace_id=trace_id,
+        )
+
+    def run_start(self, step: int = 0) -> None:
+        """Publish a ``run_start`` event; see :meth:`EventLogger.run_start`."""
+        self.events.run_start(step)
+
+    def run_end(self, step: int) -> None:
+        """Publish a ``run_end`` event; see :meth:`EventLogger.run_end`."""
+        self.events.run_end(step)
+
+    def poll_commands(self, timeout_s: float = 0.0) -> list[ControlCommand]:
+        """New commands for this run attempt, the same list on every rank.
+
+        Rank 0 polls (see :meth:`ControlClient.poll`; ``timeout_s`` applies there)
+        and the broadcast hands its list to every rank: call it on all ranks at the
+        same point of the same step. Ranks other than 0 need a broadcast function.
+        """
+        control = self.control
+        commands = self.bus.commands(None if control is None else lambda: control.poll(timeout_s))
+        if self.stop_command is None:
+            self.stop_command = next((c for c in commands if stops(c)), None)
+        return commands
+
+    def ack(
+        self,
+        command: ControlCommand,
+        status: AckStatus,
+        *,
+        applied_at_step: int | None = None,
+        detail: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Acknowledge ``command`` after applying it; see :meth:`ControlClient.ack`.
+
+        Rank 0 writes the ack; on other ranks this does nothing and returns True.
+        """
+        if self.control is None:
+            return True
+        return self.control.ack(command, status, applied_at_step=applied_at_step, detail=detail)
+
+    def exit_if_stopped(
+        self, step: int | None = None, *, exit_code: int = EXIT_STOPPED_BY_RULE
+    ) -> None:
+        """End the process if a polled command said ``stop``; otherwise return.
+
+        Call it at the end of a step, after the command's other actions (such as its
+        checkpoint) were applied. Rank 0 acks the stop command ``applied`` (with
+        ``stopped_at_step``) unless that was done, the link is closed (events
+        flushed), and :class:`StopRequested` is raised: uncaught, the process exits
+        with ``exit_code``, by default :data:`EXIT_STOPPED_BY_RULE` (0: launchers do
+        not restart it; see its documentation).
+        """
+        command = self.stop_command
+        if command is None:
+            return
+        if self.control is not None and command["command_id"] not in (
+            self.control.acked_command_ids
+        ):
+            detail = {} if step is None else {"stopped_at_step": str(step)}
+            self.control.ack(command, "applied", applied_at_step=step, detail=detail)
+        self.close()
+        raise StopRequested(command["command_id"], command["reason"], exit_code)
+
+    def save_attempt(self, checkpoint_dir: Path) -> Path | None:
+        """Record this attempt next to a checkpoint just saved (rank 0; None on other ranks)."""
+        if self.rank != 0:
+            return None
+        return write_attempt(checkpoint_dir, self.run_id, self.attempt)
+
+    def flush(self, timeout_s: float = 10.0) -> int:
+        """Wait for queued events; return how many remain (see :meth:`EventLogger.flush`)."""
+        return self.events.flush(timeout_s)
+
+    def close(self, timeout_s: float | None = None) -> int:
+        """Close the control client, then the logger; return the events spooled at close."""
+        if self.control is not None:
+            self.control.close()
+        return self.events.close(timeout_s)
+
+    def __enter__(self) -> RunLink:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

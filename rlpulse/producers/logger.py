@@ -1,0 +1,364 @@
+"""The run-scoped event logger: TrainerEvents from a training loop to ``<prefix>.events``."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping
+from functools import partial
+from types import TracebackType
+from typing import get_args
+
+from confluent_kafka import KafkaException, Producer
+
+from rlpulse.oncelog import WarnOnce
+from rlpulse.producers.arguments import (
+    LONG_MAX,
+    LONG_MIN,
+    require_int,
+    require_run_id,
+    string_map,
+)
+from rlpulse.producers.delivery import DeliveryCounts, DeliveryPump
+from rlpulse.producers.exceptions import (
+    InvalidFieldError,
+    InvalidValueError,
+    ProducerClosedError,
+    RefusedSourceError,
+)
+from rlpulse.producers.spool import Spool, SpooledEvent, run_spool_dir, spool_files
+from rlpulse.producers.wire import EventEncoder, EventSource, RefusedEvent
+from rlpulse.schemas.codec import default_codec
+from rlpulse.schemas.records import EventKind
+from rlpulse.schemas.topics import Topics
+from rlpulse.schemas.validation import (
+    EventProblem,
+    count_problem,
+    name_problem,
+    position_problem,
+    run_problem,
+    size_problem,
+    stage_problem,
+)
+from rlpulse.settings import Settings
+from rlpulse.transport.clients import trainer_producer
+
+log = logging.getLogger(__name__)
+_warn_refused = WarnOnce(log)
+
+EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
+
+
+class EventLogger:
+    """Publishes one run's TrainerEvents from one process (one rank); never blocks, never loses.
+
+    Construction does no I/O; the librdkafka producer and a daemon delivery thread
+    start with the first event. ``log()`` encodes the event and hands it to
+    librdkafka's in-memory queue, which batches, compresses and retries in the
+    background — no disk I/O and no waiting while the broker is healthy, and none
+    for metadata while it is not. Events that cannot be delivered (see
+    :mod:`rlpulse.producers.delivery` for exactly when) go to a local spool under
+    :func:`~rlpulse.producers.spool.run_spool_dir` and are sent again when the broker is back;
+    ``close()``, also run at interpreter exit, flushes with a bounded timeout and
+    spools the rest. Transport trouble never raises: it shows in the counters and in
+    ``logging``. ``producer_id`` (fixed per logger) and ``seq`` (0, 1, 2, ...)
+    identify each event, so consumers drop duplicates from retries and replays.
+
+    Create it in the process that logs (after any fork).
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        attempt: int = 0,
+        tags: Mapping[str, str] | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.run_id = require_run_id(run_id)
+        self.rank = require_int("rank", rank, 0)
+        self.world_size = require_int("world_size", world_size, 1)
+        self.attempt = require_int("attempt", attempt, 0)
+        self.tags = string_map("tags", tags)
+        self.settings = settings if settings is not None else Settings()
+        self.producer_id = uuid.uuid4().hex
+        self.hostname = socket.gethostname()
+        self._limits = self.settings.limits
+        problem = run_problem(self.run_id, self.attempt, self._limits) or count_problem(
+            0, len(self.tags), self._limits
+        )
+        for text in (self.producer_id, *self.tags, *self.tags.values()):
+            problem = problem or name_problem(text, self._limits)
+        if problem is not None:
+            raise RefusedSourceError(
+                f"run {self.run_id!r}: the worker would refuse every event of this logger: "
+                f"{problem}"
+            )
+        self.spool_dir = run_spool_dir(self.settings, self.run_id)
+        """Where this logger spools what it cannot deliver."""
+        self.refused: dict[str, int] = {}
+        """Events ``log()`` refused because the worker would dead-letter them, per reason code."""
+        self._topic = Topics(self.settings.prefix).events
+        self._key = self.run_id.encode()
+        self._good_stages: set[str] = set()
+        self._encoder = EventEncoder(
+            EventSource(
+                run_id=self.run_id,
+                attempt=self.attempt,
+                rank=self.rank,
+                tags=self.tags,
+                hostname=self.hostname,
+                pid=os.getpid(),
+                producer_id=self.producer_id,
+            ),
+            default_codec(),
+            self._limits,
+        )
+        self._lock = threading.RLock()
+        self._producer: Producer | None = None
+        self._pump: DeliveryPump | None = None
+        self._at_exit: Callable[[], None] | None = None
+        self._counts = DeliveryCounts()
+        self._closed = False
+        self._seq = 0
+
+    @property
+    def logged(self) -> int:
+        """Events accepted by ``log()`` (the next ``seq``)."""
+        return self._seq
+
+    @property
+    def delivered(self) -> int:
+        """Logged events the broker acknowledged."""
+        return self._counts.delivered
+
+    @property
+    def spooled(self) -> int:
+        """Events written to the spool (again after a failed replay)."""
+        return self._counts.spooled
+
+    @property
+    def replayed(self) -> int:
+        """Spooled events (this logger's or a dead producer's of the same run) since delivered."""
+        return self._counts.replayed
+
+    @property
+    def dropped(self) -> int:
+        """Events lost: refused by the broker as invalid, or no room or no disk for the spool."""
+        return self._counts.dropped
+
+    @property
+    def pending(self) -> int:
+        """Events held in memory: in librdkafka's queue or waiting to be written to the spool."""
+        with self._lock:
+            producer, pump = self._producer, self._pump
+        if producer is None or pump is None:
+            return 0
+        return len(producer) + pump.backlog
+
+    def log(
+        self,
+        metrics: Mapping[str, float],
+        step: int,
+        stage: str = "trainer",
+        *,
+        kind: EventKind = "metrics",
+        level: str | None = None,
+        message: str | None = None,
+        world_size: int | None = None,
+        policy_version: int | None = None,
+        trace_id: str | None = None,
+    ) -> None:
+        """Publish one event for ``step`` and ``stage``; returns in microseconds.
+
+        Metric values may be anything ``float()`` accepts except strings (ints, numpy
+        scalars, one-element tensors); anything else raises :class:`InvalidFieldError`
+        (a ``TypeError``) naming the key. ``world_size`` overrides the logger's for
+        this event (stages run by fewer ranks).
+
+        An event the worker would dead-letter (a stage containing ``|``, a negative step,
+        a rank outside ``world_size``, more metrics than ``limits.max_metrics``, names too
+        long, too many bytes; see :mod:`rlpulse.schemas.validation`) is not sent and does
+        not take a ``seq``: it is counted in :attr:`refused` under its reason code and
+        logged once per code per process. Nothing is raised for it.
+        """
+        if self._closed:
+            raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+        if kind not in EVENT_KINDS:
+            raise InvalidValueError("kind", kind, EVENT_KINDS)
+        if not isinstance(stage, str):
+            raise InvalidFieldError("stage", None, stage, "a non-empty str")
+        for field, text in (("level", level), ("message", message), ("trace_id", trace_id)):
+            if text is not None and not isinstance(text, str):
+                raise InvalidFieldError(field, None, text, "a str or None")
+        step = require_int("step", step, LONG_MIN, LONG_MAX)
+        if world_size is None:
+            world_size = self.world_size
+        else:
+            world_size = require_int("world_size", world_size, 1)
+        if policy_version is not None:
+            policy_version = require_int("policy_version", policy_version, LONG_MIN, LONG_MAX)
+        if kind == "metrics" or kind == "log":
+            problem = self._placement_problem(stage, step, world_size, metrics)
+            if problem is not None:
+                self._refuse(problem)
+                return
+        with self._lock:  # seq order is queue order, whichever threads log
+            if self._closed:  # close() ran since the check above
+                raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+            seq = self._seq
+            try:
+                value = self._encoder.encode(
+                    kind, step, stage, world_size, metrics, time.time_ns(), seq,
+                    level=level, message=message, policy_version=policy_version,
+                    trace_id=trace_id,
+                )  # fmt: skip
+            except RefusedEvent as refused:
+                self._refuse(refused.problem)
+                return
+            problem = size_problem(len(value), self._limits)
+            if problem is not None:
+                self._refuse(problem)
+                return
+            self._seq = seq + 1
+            if self._producer is None or self._pump is None:
+                self._start()
+            pump = self._pump
+            assert self._producer is not None and pump is not None
+            if pump.spooling:  # keep the order: younger events wait behind spooled ones
+                pump.hold(self._spooled(value, seq))
+                return
+            try:
+                self._producer.produce(
+                    self._topic, value, self._key, on_delivery=partial(pump.report, seq)
+                )
+            except BufferError:
+                pump.overflow(self._spooled(value, seq), "librdkafka's local queue is full")
+            except KafkaException as exc:
+                pump.overflow(self._spooled(value, seq), f"librdkafka refused it ({exc})")
+
+    def _placement_problem(
+        self, stage: str, step: int, world_size: int, metrics: Mapping[str, float]
+    ) -> EventProblem | None:
+        """What the worker would refuse about where this event goes and how many metrics."""
+        if stage not in self._good_stages:
+            problem = stage_problem(stage) or name_problem(stage, self._limits)
+            if problem is not None:
+                return problem
+            self._good_stages.add(stage)
+        problem = position_problem(step, self.rank, world_size, self._limits)
+        if problem is None and isinstance(metrics, Mapping):
+            problem = count_problem(len(metrics), len(self.tags), self._limits)
+        return problem
+
+    def _refuse(self, problem: EventProblem) -> None:
+        with self._lock:
+            self.refused[problem.code] = self.refused.get(problem.code, 0) + 1
+        _warn_refused(
+            problem.code,
+            "run %s rank %d: an event was not sent because the worker would refuse it: %s "
+            "(later ones refused for this reason are counted in EventLogger.refused[%r], "
+            "not logged)",
+            self.run_id,
+            self.rank,
+            problem,
+            problem.code,
+        )
+
+    def run_start(self, step: int = 0) -> None:
+        """Publish a ``run_start`` event (``step`` is where this attempt starts)."""
+        self.log({}, step, kind="run_start")
+
+    def run_end(self, step: int) -> None:
+        """Publish a ``run_end`` event; the joiner closes the run's open steps."""
+        self.log({}, step, kind="run_end")
+
+    def flush(self, timeout_s: float = 10.0) -> int:
+        """Wait up to ``timeout_s`` for librdkafka's queue to be delivered.
+
+        Returns how many events are still in memory (see :attr:`pending`); events
+        in the spool are not counted (see :attr:`spooled` and :attr:`replayed`).
+        """
+        with self._lock:
+            producer, pump = self._producer, self._pump
+        if producer is None or pump is None:
+            return 0
+        return int(producer.flush(timeout_s)) + pump.backlog
+
+    def close(self, timeout_s: float | None = None) -> int:
+        """Flush for up to ``timeout_s`` (default ``producer.close_timeout_s``), spool the rest.
+
+        Returns how many events had to be spooled (or, if the spool was full, dropped)
+        at close. Spooled events are sent by the next process of this run that logs
+        on this host, or by ``rlpulse replay``. Calling it again does nothing and returns 0.
+        """
+        with self._lock:
+            if self._closed:
+                return 0
+            self._closed = True
+            pump, self._pump, self._producer = self._pump, None, None
+        if pump is None:
+            return 0
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+        close_s = self.settings.producer.close_timeout_s if timeout_s is None else timeout_s
+        left = pump.close(close_s)
+        waiting = spool_files(self.spool_dir).get((self.spool_dir, self.producer_id), [])
+        if waiting:
+            log.warning(
+                "run %s: %d event(s) were still undelivered at close() and were spooled; "
+                "%d spool file(s) in %s wait to be sent by the next process of this run on "
+                "this host, or by `rlpulse replay %s`",
+                self.run_id,
+                left,
+                len(waiting),
+                self.spool_dir,
+                self.spool_dir,
+            )
+        return left
+
+    def __enter__(self) -> EventLogger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        """Create the producer, the spool and the delivery thread (first event; under the lock)."""
+        label = f"event logger of run {self.run_id}"
+        self._producer = trainer_producer(self.settings, label)
+        spool = Spool(
+            self.spool_dir,
+            self.producer_id,
+            file_bytes=self.settings.producer.spool_file_bytes,
+            max_bytes=self.settings.producer.spool_max_bytes,
+        )
+        self._pump = DeliveryPump(
+            self._producer, spool, self._topic, self.producer_id, label, self._lock
+        )
+        self._counts = self._pump.counts
+        self._at_exit = partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
+
+    def _spooled(self, value: bytes, seq: int) -> SpooledEvent:
+        return SpooledEvent(self._topic, self._key, value, self.producer_id, seq)
+
+
+def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:
+    """Close a logger the program left open (``atexit``), within its ``close_timeout_s``."""
+    logger = ref()
+    if logger is not None:
+        logger.close()

@@ -1,0 +1,70 @@
+"""Names of the rlpulse topics: part of the contract between trainers and workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlpulse.settings import DEFAULT_PREFIX
+
+__all__ = ["DEFAULT_PREFIX", "REASON_HEADER", "RULES_KEY", "SOURCE_HEADER", "Topics"]
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The topics of one rlpulse deployment, all named ``<prefix>.<role>``."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def events(self) -> str:
+        """TrainerEvent, keyed by run id."""
+        return f"{self.prefix}.events"
+
+    @property
+    def steps(self) -> str:
+        """StepSummary, keyed by run id (the metric topic)."""
+        return f"{self.prefix}.steps"
+
+    @property
+    def control(self) -> str:
+        """ControlCommand, keyed by run id."""
+        return f"{self.prefix}.control"
+
+    @property
+    def acks(self) -> str:
+        """CommandAck, keyed by run id."""
+        return f"{self.prefix}.acks"
+
+    @property
+    def rules(self) -> str:
+        """Validated rule files (compacted), keyed by rule set name."""
+        return f"{self.prefix}.rules"
+
+    @property
+    def dlq(self) -> str:
+        """Input that could not be used: original bytes plus a reason header."""
+        return f"{self.prefix}.dlq"
+
+    @property
+    def ticks(self) -> str:
+        """Worker-internal clock ticks, one per partition, that drive the grace timer."""
+        return f"{self.prefix}.ticks"
+
+    def keyed_by_run(self) -> tuple[str, ...]:
+        """The topics whose partitions must line up (same count, same key -> same partition)."""
+        return (self.events, self.steps, self.control, self.acks, self.ticks)
+
+    def all(self) -> tuple[str, ...]:
+        """Every topic, in creation order."""
+        return (*self.keyed_by_run(), self.rules, self.dlq)
+
+
+RULES_KEY = b"rules"
+"""Key of the one rule set of a deployment on its compacted rules topic."""
+
+REASON_HEADER = "rlpulse-reason"
+"""Header of a dead letter: why it was refused, starting with its kind (``invalid: ...``)."""
+
+SOURCE_HEADER = "rlpulse-source"
+"""Header of a dead letter (where it was read: ``topic/partition/offset``) and of a published
+rules file (the path it was published from)."""

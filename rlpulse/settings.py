@@ -1,0 +1,431 @@
+"""Every setting of rlpulse, each declared once, in one tree.
+
+:class:`Settings` is the root; each component reads its own part of it (``producer``,
+``worker``, ``limits``, ...) and the connection settings every Kafka client shares
+(``bootstrap``, ``prefix``, ``librdkafka``). A value comes from the first of these that has
+it:
+
+1. what the caller passes (command-line flags, or keyword arguments in code),
+2. the environment: ``RLPULSE_<FIELD>`` for top-level fields (``RLPULSE_BOOTSTRAP``),
+   ``RLPULSE_<SECTION>__<FIELD>`` below them (``RLPULSE_WORKER__GRACE_S=10``),
+3. the YAML config file named by ``--config`` or ``RLPULSE_CONFIG``,
+4. the defaults written here.
+
+:func:`load_settings` builds the tree from all four and raises :class:`SettingsError` (one
+line per problem, naming where the bad value came from); :func:`explain` says, for every
+field, which source its value came from (``rlpulse config show``). This module imports
+only pydantic, so the trainer side, the worker and the command line all read it cheaply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from rlpulse.exceptions import SettingsError
+
+__all__ = [
+    "CONFIG_ENV",
+    "DEFAULT_BOOTSTRAP",
+    "DEFAULT_PREFIX",
+    "ENV_PREFIX",
+    "EventLimits",
+    "JoinerSettings",
+    "ProducerSettings",
+    "Settings",
+    "WorkerSettings",
+    "explain",
+    "load_settings",
+]
+
+ENV_PREFIX = "RLPULSE_"
+CONFIG_ENV = "RLPULSE_CONFIG"
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_PREFIX = "rlpulse"
+MIB = 1 << 20
+_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
+
+Compression = Literal["lz4", "zstd", "snappy", "gzip", "none"]
+ClientValue = str | int | float | bool
+
+
+class _Section(BaseModel):
+    """A part of the settings tree: frozen, and unknown keys are errors (typos show)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EventLimits(_Section):
+    """How large one TrainerEvent may be.
+
+    The trainer refuses larger events at ``log()`` and the worker dead-letters them, with the
+    same reasons (:mod:`rlpulse.schemas.validation`): each would make every summary of its
+    run huge.
+    """
+
+    max_world_size: int = Field(default=65_536, ge=1, description="Largest world_size accepted.")
+    max_metrics: int = Field(default=1_024, ge=1, description="Most metrics in one event.")
+    max_tags: int = Field(default=64, ge=1, description="Most tags in one event.")
+    max_name_chars: int = Field(
+        default=256, ge=1, description="Longest run id, stage, producer id, metric name or tag."
+    )
+    max_event_bytes: int = Field(
+        default=256 * 1024, ge=64, description="Largest encoded event, in bytes."
+    )
+
+
+class ProducerSettings(_Section):
+    """The trainer side's Kafka producer, spool and control client."""
+
+    linger_ms: int = Field(default=5, ge=0, description="librdkafka's batching delay.")
+    compression: Compression = Field(default="lz4", description="Compression of event batches.")
+    control_lookback_s: float = Field(
+        default=3600, gt=0, description="How far back the control client reads at start."
+    )
+    delivery_timeout_s: float = Field(
+        default=60,
+        gt=0,
+        description="How long an event may wait for the broker before it goes to the spool.",
+    )
+    close_timeout_s: float = Field(
+        default=10, ge=0, description="How long close() waits for delivery before spooling."
+    )
+    spool_dir: Path | None = Field(
+        default=None, description="Root of the spool; unset: <home>/spool."
+    )
+    spool_file_bytes: int = Field(
+        default=8 * MIB, ge=4096, description="A spool file is rotated at this size."
+    )
+    spool_max_bytes: int = Field(
+        default=1024 * MIB,
+        ge=4096,
+        description="Spool space one producer may use; events beyond it are dropped (counted).",
+    )
+
+
+class JoinerSettings(_Section):
+    """How the step joiner closes steps and spots stragglers.
+
+    A rank is a straggler of a step when it arrived last in at least ``straggler_min`` of
+    the last ``straggler_window`` complete steps of that stage.
+    """
+
+    grace_s: float = Field(default=30.0, gt=0, description="Wall-clock wait for missing ranks.")
+    late_window_s: float = Field(
+        default=600.0, ge=0, description="How long closed steps take late ranks (revisions)."
+    )
+    straggler_window: int = Field(
+        default=10, ge=1, description="Complete steps of a stage that straggler tracking sees."
+    )
+    straggler_min: int = Field(
+        default=5, ge=1, description="Times a rank must be last in that window to be a straggler."
+    )
+
+    @model_validator(mode="after")
+    def _straggler_min_fits(self) -> JoinerSettings:
+        if self.straggler_min > self.straggler_window:
+            raise ValueError(
+                f"straggler_min ({self.straggler_min}) must not exceed straggler_window "
+                f"({self.straggler_window})"
+            )
+        return self
+
+
+class WorkerSettings(JoinerSettings):
+    """One stream worker: its joiner settings, its faust app and how it watches itself."""
+
+    rules: str = Field(
+        default="topic",
+        description="'topic' (the published rules; seed until then), a rules file or a preset.",
+    )
+    partitions: int = Field(default=6, ge=1, description="Partitions of the run-keyed topics.")
+    app_id: str | None = Field(
+        default=None, description="Consumer group and table namespace; unset: <prefix>-worker."
+    )
+    tick_interval_s: float = Field(default=1.0, gt=0, description="How often the grace timer runs.")
+    caught_up_lag: int = Field(
+        default=500,
+        ge=0,
+        description="Unread events of a partition above which its grace timer waits.",
+    )
+    stall_ticks: int = Field(
+        default=3,
+        ge=1,
+        description="Ticks without delivery on a partition with unread events before re-seeking.",
+    )
+    batch_max: int = Field(default=2000, ge=1, description="Most messages an agent takes at once.")
+    batch_linger_s: float = Field(
+        default=0.01, ge=0, description="How long an agent lets an empty buffer fill up."
+    )
+    max_reason_bytes: int = Field(
+        default=1024, ge=16, description="Dead-letter reason headers are cut to this length."
+    )
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Serve Prometheus /metrics on this port."
+    )
+    metrics_host: str = Field(default="0.0.0.0", description="Address /metrics listens on.")
+    web_port: int = Field(default=0, ge=0, description="faust's web server port; 0 disables it.")
+    data_dir: Path | None = Field(
+        default=None, description="faust's data directory; unset: <home>/worker-data/<app id>."
+    )
+    startup_timeout_s: float = Field(
+        default=120.0, gt=0, description="How long start-up waits for the broker and its topics."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="warning", description="Log level of the worker and of faust."
+    )
+
+
+class Settings(BaseSettings):
+    """The root of the settings tree; see the module docstring for where values come from."""
+
+    model_config = SettingsConfigDict(
+        frozen=True,
+        extra="forbid",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        nested_model_default_partial_update=True,
+    )
+
+    bootstrap: str | None = Field(
+        default=None,
+        description=(
+            "Kafka bootstrap servers (host:port,...); unset: the broker `rlpulse broker up` "
+            f"started, else {DEFAULT_BOOTSTRAP}."
+        ),
+    )
+    prefix: str = Field(default=DEFAULT_PREFIX, description="Topics are named <prefix>.<role>.")
+    home: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "rlpulse",
+        description="Where rlpulse keeps local files: Kafka jars, broker state, spools.",
+    )
+    librdkafka: dict[str, ClientValue] = Field(
+        default_factory=dict,
+        description="Extra librdkafka properties for every confluent-kafka client (merged last).",
+    )
+    limits: EventLimits = EventLimits()
+    producer: ProducerSettings = ProducerSettings()
+    worker: WorkerSettings = WorkerSettings()
+
+    secret_fields: ClassVar[frozenset[str]] = frozenset()
+    """Dotted names whose values ``rlpulse config show`` masks."""
+
+    @field_validator("bootstrap", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip() or None
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _valid_prefix(cls, value: str) -> str:
+        if not _TOPIC_CHARS.match(value):
+            raise ValueError(
+                f"prefix {value!r} must be non-empty and use only letters, digits, '.', '_' "
+                "and '-' (Kafka topic characters)"
+            )
+        return value
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _expand_home(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip() or str(Path.home() / ".cache" / "rlpulse")
+        return Path(value).expanduser() if isinstance(value, str | Path) else value
+
+    def updated(self, changes: Mapping[str, Any]) -> Settings:
+        """A copy with ``changes`` (dotted names: ``{"producer.spool_dir": path}``), validated."""
+        tree = self.model_dump()
+        for name, value in nest(changes).items():
+            if isinstance(value, dict) and isinstance(tree.get(name), dict):
+                tree[name] = {**tree[name], **value}
+            else:
+                tree[name] = value
+        try:
+            return Settings(**tree)
+        except ValidationError as exc:
+            raise SettingsError(_problems(exc, {})) from None
+
+    @property
+    def worker_group(self) -> str:
+        """The worker's Kafka consumer group and faust app id."""
+        return self.worker.app_id or f"{self.prefix}-worker"
+
+    @property
+    def spool_root(self) -> Path:
+        """Where trainers spool the events they cannot deliver (one folder per run)."""
+        return self.producer.spool_dir or self.home / "spool"
+
+    @property
+    def worker_data_dir(self) -> Path:
+        """Faust's data directory for this worker."""
+        return self.worker.data_dir or self.home / "worker-data" / self.worker_group
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags and keyword arguments, then the environment, then the config file."""
+        config_file = config_file_path()
+        if config_file is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, _config_file_source(settings_cls, config_file)
+
+
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "rlpulse_config_file", default=None
+)
+
+
+def config_file_path() -> Path | None:
+    """The config file in force: the one given to :func:`load_settings`, else $RLPULSE_CONFIG."""
+    chosen = _CONFIG_FILE.get()
+    if chosen is not None:
+        return chosen
+    from_env = os.environ.get(CONFIG_ENV, "").strip()
+    return Path(from_env).expanduser() if from_env else None
+
+
+def _config_file_source(settings_cls: type[BaseSettings], path: Path) -> YamlConfigSettingsSource:
+    if not path.is_file():
+        raise SettingsError(f"config file {path} does not exist")
+    try:
+        return YamlConfigSettingsSource(settings_cls, yaml_file=path)
+    except Exception as exc:  # yaml's errors carry the line and column
+        raise SettingsError(f"config file {path} is not valid YAML: {exc}") from None
+
+
+@contextlib.contextmanager
+def _using_config_file(path: Path | None) -> Iterator[None]:
+    token = _CONFIG_FILE.set(path)
+    try:
+        yield
+    finally:
+        _CONFIG_FILE.reset(token)
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None, config_file: Path | None = None
+) -> Settings:
+    """The settings tree: ``overrides`` (dotted or nested keys) over env over file over defaults.
+
+    ``overrides`` holds what flags set; ``None`` values mean "not given" and are dropped.
+    ``config_file`` replaces ``$RLPULSE_CONFIG``. Raises :class:`SettingsError`.
+    """
+    given = nest(overrides or {})
+    with _using_config_file(config_file):
+        try:
+            return Settings(**given)
+        except ValidationError as exc:
+            origins = explain(overrides, config_file, validate=False)
+            raise SettingsError(_problems(exc, origins)) from None
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"worker.grace_s": 5}`` -> ``{"worker": {"grace_s": 5}}``; ``None`` values dropped."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        if value is None:
+            continue
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        if isinstance(value, Mapping) and isinstance(node.get(leaf), dict):
+            node[leaf].update(value)
+        else:
+            node[leaf] = value
+    return tree
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and key != "librdkafka":
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    paths: list[str] = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths += _field_paths(annotation, f"{prefix}{name}.")
+        else:
+            paths.append(f"{prefix}{name}")
+    return paths
+
+
+def explain(
+    overrides: Mapping[str, Any] | None = None,
+    config_file: Path | None = None,
+    *,
+    validate: bool = True,
+) -> dict[str, str]:
+    """Which source each setting's value comes from, keyed by dotted name in tree order.
+
+    A source is ``flag``, ``env RLPULSE_...``, ``file <path>`` or ``default``. With
+    ``validate``, the settings are loaded first (raising :class:`SettingsError`).
+    """
+    if validate:
+        load_settings(overrides, config_file)
+    with _using_config_file(config_file):
+        path = config_file_path()
+        given = _flatten(InitSettingsSource(Settings, init_kwargs=nest(overrides or {}))())
+        from_env = _flatten(EnvSettingsSource(Settings)())
+        from_file = _flatten(_config_file_source(Settings, path)()) if path is not None else {}
+    origins: dict[str, str] = {}
+    for name in _field_paths(Settings):
+        if name in given:
+            origins[name] = "flag"
+        elif name in from_env:
+            origins[name] = "env " + ENV_PREFIX + name.replace(".", "__").upper()
+        elif name in from_file:
+            origins[name] = f"file {path}"
+        else:
+            origins[name] = "default"
+    return origins
+
+
+def _problems(exc: ValidationError, origins: Mapping[str, str]) -> str:
+    lines = []
+    for error in exc.errors(include_url=False):
+        name = ".".join(str(part) for part in error["loc"])
+        origin = origins.get(name)
+        where = f" (from {origin})" if origin and origin != "default" else ""
+        lines.append(f"setting {name}{where}: {error['msg']}, got {error.get('input')!r}")
+    return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+def masked(settings: Settings) -> dict[str, Any]:
+    """The settings as a flat dict of dotted names, secrets replaced by ``********``."""
+    flat = _flatten(settings.model_dump(mode="json"))
+    return {
+        name: "********" if name in Settings.secret_fields and value else value
+        for name, value in flat.items()
+    }

@@ -1,0 +1,411 @@
+"""The worker's faust application: the I/O shell around the step joiner and the rule engine.
+
+Every worker runs one agent in one consumer group, so Kafka hands whole runs (partitions)
+to workers and moves them, with their table state, when workers come and go. The agent
+reads ``<prefix>.events`` and ``<prefix>.ticks``. Events go into
+:class:`~rlpulse.streams.joiner.StepJoiner`; ticks (one per partition per
+``tick_interval_s``, sent by every worker's timer) close the groups whose grace period ran
+out. Ticks travel through Kafka so that the timer's table writes happen inside the stream,
+on the partition that owns the state. Both go into
+:class:`~rlpulse.streams.pipeline.StepPipeline` (the step joiner and the rule engine, the
+same pure objects the backtest drives); each summary it releases goes to ``<prefix>.steps``
+and the commands the rules issue for it to ``<prefix>.control``.
+
+The rules are evaluated where the summaries are made, not by a second agent reading
+``<prefix>.steps``: faust delivers all of a worker's topics through one fetcher that waits
+whenever an agent's buffer is full, so a second agent starved behind a backlog of events
+(its partitions stalled for seconds while the joiner caught up) and commands came late
+exactly when a run was busiest. Rule state lives in a table partitioned like the events.
+
+Input that cannot be used -- bytes that do not decode, events the joiner refuses, events
+beyond the size limits, even an event or a summary that trips a bug -- goes to
+``<prefix>.dlq`` with its key and bytes, a reason header and a source header, and is
+counted; the agent carries on with the next message.
+
+Speed. The agent takes its input in batches (what is buffered when it is ready, at most
+``batch_max`` messages) and writes its tables through
+:class:`~rlpulse.streams.write_behind.WriteBehind`: each changed record goes to its
+changelog once per batch instead of once per event. Everything it publishes goes through
+:class:`~rlpulse.streams.outbox.Outbox`, which hands it to faust's producer without yielding
+to the event loop per record, so a batch's records leave in a few produce requests.
+
+Crash safety: after any crash or rebalance no summary or command is lost and none is
+applied twice. After a takeover faust was seen skipping a range of offsets (and committing
+them): :class:`~rlpulse.streams.read_tracker.ReadTracker` notices the gap and the agent
+seeks back over it; a tick watchdog re-seeks a partition whose delivery stalls.
+Summaries and commands have deterministic ids and their consumers count each id once
+(the rule engine evaluates a step once; the trainer's ControlClient applies a command
+once), so publishing one twice is harmless; what must never happen is a state record
+saying "published" or "evaluated" for something that was not. Each batch therefore ends
+with, in this order: (1) the summaries, commands and dead letters it produced, awaited until
+delivered; (2) the rule state, awaited; (3) the joiner's released groups, run index and
+partition index, awaited; (4) the joiner's stage records. faust acks a batch's messages
+after that and commits offsets only after flushing its producer, so a committed offset
+implies (1)-(4) are durable. After a crash the new owner restores the tables from their
+changelogs and replays the messages after the committed offset: whatever prefix of (1)-(4)
+had landed, the joiner (see its module docstring) recomputes the same summaries with the
+same ids, and every summary it does not release again (a released group it adopts from
+(3)) was evaluated in a rule state that (2) made durable first; the rule engine skips the
+steps that state has evaluated, and everything a restored record calls published was
+delivered before that record was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.types import TP
+from prometheus_client import CollectorRegistry
+
+from rlpulse.schemas.codec import Codec, default_codec
+from rlpulse.schemas.exceptions import DecodeError
+from rlpulse.schemas.records import StepSummary
+from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
+from rlpulse.schemas.validation import size_problem
+from rlpulse.settings import Settings
+from rlpulse.streams.keys import event_stage_key
+from rlpulse.streams.metrics import WorkerMetrics
+from rlpulse.streams.outbox import Outbox
+from rlpulse.streams.pipeline import PipelineTables, Released, StepPipeline
+from rlpulse.streams.read_tracker import ReadTracker, Verdict
+from rlpulse.streams.rulebook import RuleBook
+from rlpulse.streams.state_codec import register_state_codec
+from rlpulse.streams.write_behind import WriteBehind, flush_in_order
+from rlpulse.transport.clients import faust_broker_options
+
+__all__ = ["WorkerApp", "faust_app"]
+
+log = logging.getLogger(__name__)
+
+
+def faust_app(settings: Settings) -> faust.App:
+    """The faust app of a worker (or of a benchmark agent beside it), without agents.
+
+    Its data directory (and the parents of it) is created here: faust makes only the last
+    level, and a fresh machine has none of them.
+    """
+    worker = settings.worker
+    data_dir = settings.worker_data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    options: dict[str, Any] = {
+        **faust_broker_options(settings),
+        "datadir": str(data_dir),
+        "store": "memory://",
+        "key_serializer": "raw",
+        "value_serializer": "raw",
+        "topic_partitions": worker.partitions,
+        "topic_allow_declare": True,
+        "autodiscover": False,
+        "web_enabled": worker.web_port > 0,
+        "web_host": "127.0.0.1",
+        "web_port": worker.web_port or 6066,
+        # A killed worker's partitions move to the others after this long.
+        "broker_session_timeout": 10.0,
+        "broker_heartbeat_interval": 1.0,
+        # A batch's writes to one partition leave in one produce batch.
+        "producer_max_batch_size": 256 * 1024,
+    }
+    return faust.App(settings.worker_group, **options)
+
+
+async def batches(stream: Any, settings: Settings) -> AsyncIterator[list[Any]]:
+    """The stream's events in lists of what is buffered when the agent is ready.
+
+    At most ``batch_max``; an empty buffer gets ``batch_linger_s`` once to fill up again.
+
+    A list's events are acked (so their offsets become committable) only when the caller
+    asks for the next list, i.e. after it has finished with them.
+    """
+    manual = stream.noack()
+    queue = manual.channel.queue
+    batch: list[Any] = []
+    async for event in manual.events():
+        batch.append(event)
+        if len(batch) < settings.worker.batch_max and queue.empty():
+            await asyncio.sleep(settings.worker.batch_linger_s)
+        if len(batch) >= settings.worker.batch_max or queue.empty():
+            yield batch
+            for done in batch:
+                await manual.ack(done)
+            batch = []
+
+
+class WorkerApp:
+    """One worker process's faust app, its tables and its agent."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        book: RuleBook,
+        registry: CollectorRegistry | None = None,
+        codec: Codec | None = None,
+    ) -> None:
+        self.settings = settings
+        self.codec = codec or default_codec()
+        self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
+        self.book = book
+        book.on_outcome = lambda outcome: self.metrics.rules_updates.labels(outcome).inc()
+        self.app = faust_app(settings)
+        self.outbox = Outbox(self.app)
+        state_codec = register_state_codec()
+        topics = Topics(settings.prefix)
+
+        def table(name: str) -> WriteBehind:
+            created: Any = self.app.Table(name, partitions=settings.worker.partitions)
+            # faust derives serializers from key_type/value_type; ours are plain JSON documents.
+            created.key_serializer = created.value_serializer = state_codec
+            return WriteBehind(created, self.outbox)
+
+        self.topics = topics
+        self.ticks_name = topics.ticks
+        self.events_name = topics.events
+        self.steps_name = topics.steps
+
+        self.groups = table("joiner-groups")
+        self.stages = table("joiner-stages")
+        self.runs = table("joiner-runs")
+        self.partition_stages = table("joiner-partition-stages")
+        self.rule_state = table("rule-state")
+        self.pipeline = StepPipeline(
+            PipelineTables(self.groups, self.stages, self.runs, self.rule_state),
+            lambda: book.engine,
+            settings.worker,
+            settings.limits,
+        )
+        self.joiner = self.pipeline.joiner
+        self._tables = (self.groups, self.stages, self.runs, self.partition_stages, self.rule_state)
+        # Stage keys this process has put in (or found in) its partition's index.
+        self._indexed_stages: set[str] = set()
+        # Partitions taken over since the last rebalance; what was read of each events
+        # partition, and the stall watchdog's counts.
+        self._owned: set[int] = set()
+        self.reads = ReadTracker()
+
+        self.app.agent(self.app.topic(topics.events, topics.ticks), name="rlpulse.joiner")(
+            self._join_agent
+        )
+        self.app.timer(settings.worker.tick_interval_s, name="rlpulse.ticks")(self._send_ticks)
+        self.app.on_partitions_revoked.connect(self._on_revoked)
+
+    # -- joiner ---------------------------------------------------------------------------
+
+    async def _join_agent(self, stream: Any) -> None:
+        async for events in batches(stream, self.settings):
+            deliveries: list[Awaitable[Any]] = []
+            for event in events:
+                message = event.message
+                for view in self._tables:
+                    view.partition = message.partition
+                if message.partition not in self._owned:
+                    self._take_over(message.partition)
+                if message.topic == self.ticks_name:
+                    if not await self._may_expire(message.partition):
+                        self.metrics.ticks_deferred.inc()
+                        continue
+                    released = self._on_tick(message.partition)
+                elif await self._admit(message):
+                    released = await self._on_event(message, deliveries)
+                else:
+                    continue
+                for item in released:
+                    deliveries += await self._publish(item, message)
+            await asyncio.gather(*deliveries)
+            await flush_in_order(
+                [self.rule_state], [self.groups, self.runs, self.partition_stages], [self.stages]
+            )
+
+    async def _on_event(self, message: Any, deliveries: list[Awaitable[Any]]) -> list[Released]:
+        """Join one event; a refused one is dead-lettered (its delivery added to ``deliveries``)."""
+        self.metrics.events.inc()
+        data: bytes = message.value or b""
+        too_large = size_problem(len(data), self.settings.limits)
+        if too_large is not None:
+            deliveries.append(await self._dead_letter(message, str(too_large)))
+            return []
+        try:
+            record = self.codec.decode_event(data)
+        except DecodeError as exc:
+            deliveries.append(await self._dead_letter(message, f"undecodable: {exc}"))
+            return []
+        try:
+            output = self.pipeline.add(record, time.time_ns())
+            if output.rejected is None and record["kind"] in ("metrics", "log"):
+                self._index_stage(message.partition, event_stage_key(record))
+        except Exception as exc:  # a bug must not stop the worker: keep the event for a fix
+            log.exception("joiner failed on %s", _source(message))
+            deliveries.append(await self._dead_letter(message, f"error: {exc!r}"))
+            return []
+        if output.duplicate:
+            self.metrics.duplicates.inc()
+        if output.rejected is not None:
+            deliveries.append(await self._dead_letter(message, output.rejected))
+        return output.released
+
+    async def _admit(self, message: Any) -> bool:
+        """Whether to process a delivered message; seeks back over a gap in its partition.
+
+        A message delivered again after a seek is processed again: the joiner drops events
+        it has merged (by producer id and seq) and the rule engine evaluates each step once.
+        """
+        verdict = self.reads.delivered(message.tp, message.offset)
+        if verdict is Verdict.SEEK:
+            target = self.reads.seek_target(message.tp)
+            log.warning(
+                "%s partition %d: offsets %d..%d were never delivered; seeking back to %d",
+                message.topic,
+                message.partition,
+                target,
+                message.offset - 1,
+                target,
+            )
+            self.metrics.rewinds.inc()
+            await self.app.consumer.seek(message.tp, target)
+        return verdict is Verdict.PROCESS
+
+    def _take_over(self, partition: int) -> None:
+        """Start owning ``partition``: its open groups get a fresh grace period."""
+        self._owned.add(partition)
+        stage_keys = list(self.partition_stages.get(f"p{partition}") or [])
+        reset = self.joiner.restart_grace(stage_keys, time.time_ns())
+        if log.isEnabledFor(logging.INFO):
+            frontiers = {k: self.stages[k]["frontier"] for k in stage_keys if k in self.stages}
+            log.info(
+                "took over partition %d: reading events from offset %s; %d open steps; "
+                "emitted up to %s",
+                partition,
+                self._unread(partition)[0],
+                reset,
+                frontiers,
+            )
+
+    def _unread(self, partition: int) -> tuple[int | None, int]:
+        """The next events offset this worker wants from a partition, and how many lie beyond."""
+        tp = TP(self.events_name, partition)
+        wanted = self.reads.next_offset(tp)
+        if wanted is None:  # nothing read since the takeover: it reads from the committed offset
+            wanted = getattr(self.app.consumer, "_committed_offset", {}).get(tp)
+        end = self.app.consumer.highwater(tp)
+        if end is None or wanted is None:
+            return wanted, 0
+        return wanted, max(end - wanted, 0)
+
+    async def _progressing(self, partition: int) -> tuple[bool, int]:
+        """Whether a partition's events delivery moved since the last tick; how much is unread.
+
+        A watchdog for a faust behaviour seen after restarts: a partition whose delivery
+        stops after a message or two while the consumer believes it has read further. When a
+        partition with unread messages has delivered nothing for ``stall_ticks`` ticks, the
+        worker seeks it back to the offset it wants.
+        """
+        tp = TP(self.events_name, partition)
+        wanted, unread = self._unread(partition)
+        ticks = self.reads.stalled_ticks(tp, wanted, unread)
+        if wanted is not None and ticks >= self.settings.worker.stall_ticks:
+            log.warning(
+                "events partition %d: nothing delivered past offset %d (%d unread) for %d ticks; "
+                "seeking back to it",
+                partition,
+                wanted,
+                unread,
+                ticks,
+            )
+            self.metrics.rewinds.inc()
+            self.reads.rewound(tp)
+            await self.app.consumer.seek(tp, wanted)
+        return ticks == 0, unread
+
+    async def _may_expire(self, partition: int) -> bool:
+        """Whether a tick may close ``partition``'s overdue steps; checks its events for a stall.
+
+        Not while this worker is behind on the partition's events (more than
+        ``caught_up_lag`` unread) or while their delivery makes no progress: the missing
+        ranks' events may be in that backlog.
+        """
+        moving, unread = await self._progressing(partition)
+        return moving and unread <= self.settings.worker.caught_up_lag
+
+    def _on_tick(self, partition: int) -> list[Released]:
+        key = f"p{partition}"
+        stage_keys: list[str] = list(self.partition_stages.get(key) or [])
+        released = self.pipeline.expire(time.time_ns(), stage_keys).released
+        alive = [k for k in stage_keys if k in self.stages]
+        if len(alive) != len(stage_keys):
+            self.partition_stages[key] = alive
+            self._indexed_stages.difference_update(set(stage_keys) - set(alive))
+        return released
+
+    def _index_stage(self, partition: int, skey: str) -> None:
+        """Remember which partition holds a stage, so that partition's ticks can expire it."""
+        if skey in self._indexed_stages:
+            return
+        key = f"p{partition}"
+        known: list[str] = list(self.partition_stages.get(key) or [])
+        if skey not in known:
+            self.partition_stages[key] = [*known, skey]
+        self._indexed_stages.add(skey)
+
+    async def _publish(self, item: Released, source: Any) -> list[Awaitable[Any]]:
+        """Send a released summary and its commands; returns their deliveries.
+
+        A summary the rule engine failed on goes to the DLQ as well (naming ``source``, the
+        message whose processing released it), so it can be evaluated once the bug is fixed.
+        """
+        summary = item.summary
+        self.metrics.summaries.labels(summary["closed_by"]).inc()
+        lag_s = (summary["emitted_ns"] - summary["first_event_ns"]) / 1e9
+        self.metrics.join_lag.observe(max(lag_s, 0.0))
+        key = summary["run_id"].encode()
+        encoded = self.codec.encode("StepSummary", summary)
+        deliveries: list[Awaitable[Any]] = [await self.outbox.send(self.steps_name, key, encoded)]
+        if item.error is not None:
+            log.error("rule engine failed on %s: %s", summary["summary_id"], item.error)
+            reason = f"error: {item.error}"
+            deliveries.append(await self._send_dead_letter(key, encoded, reason, _source(source)))
+        for command in item.commands:
+            self.metrics.commands.labels(command["rule_id"] or "", str(command["dry_run"])).inc()
+            deliveries.append(
+                await self.outbox.send(
+                    self.topics.control, key, self.codec.encode("ControlCommand", command)
+                )
+            )
+        return deliveries
+
+    async def _send_ticks(self) -> None:
+        for partition in range(self.settings.worker.partitions):
+            await self.outbox.send(self.ticks_name, None, b"", partition)
+
+    # -- shared ---------------------------------------------------------------------------
+
+    async def _dead_letter(self, message: Any, reason: str) -> Awaitable[Any]:
+        """Send the message's original key and bytes to the DLQ; ``reason`` starts with its kind."""
+        return await self._send_dead_letter(message.key, message.value, reason, _source(message))
+
+    async def _send_dead_letter(
+        self, key: bytes | None, value: bytes | None, reason: str, source: str
+    ) -> Awaitable[Any]:
+        self.metrics.dead_letters.labels(reason.split(":", 1)[0]).inc()
+        return await self.outbox.send(
+            self.topics.dlq,
+            key,
+            value,
+            headers=[
+                (REASON_HEADER, reason.encode()[: self.settings.worker.max_reason_bytes]),
+                (SOURCE_HEADER, source.encode()),
+            ],
+        )
+
+    async def _on_revoked(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # The partition index is re-read from the table when a partition comes back.
+        self._indexed_stages.clear()
+        self._owned.clear()
+        self.reads.forget()
+
+
+def _source(message: Any) -> str:
+    return f"{message.topic}/{message.partition}/{message.offset}"

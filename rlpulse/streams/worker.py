@@ -1,0 +1,60 @@
+"""Starting a worker process: wait for Kafka, make the topics, load the rules, run faust.
+
+Start-up must work on a fresh machine and on a broker that is still starting or electing
+leaders: every step that talks to Kafka retries (with a growing pause, announced once)
+until ``worker.startup_timeout_s`` has passed, then gives up with one sentence
+(:class:`~rlpulse.transport.exceptions.BrokerUnavailableError`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import faust
+from prometheus_client import CollectorRegistry, start_http_server
+
+from rlpulse.schemas.topics import Topics
+from rlpulse.settings import Settings
+from rlpulse.streams.app import WorkerApp
+from rlpulse.streams.rulebook import rule_book
+from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
+from rlpulse.transport.topics import ensure_topics
+
+__all__ = ["run_worker", "start_up"]
+
+log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+
+
+def start_up(settings: Settings, say: Say) -> WorkerApp:
+    """Everything before the faust worker runs: Kafka reachable, topics, rules, metrics."""
+    deadline = Deadline(settings.worker.startup_timeout_s)
+    bootstrap = wait_for_kafka(settings, deadline, say)
+    topics = Topics(settings.prefix)
+    retry_until(
+        deadline,
+        lambda: ensure_topics(settings, topics, timeout_s=max(1.0, min(30.0, deadline.left()))),
+        f"the {settings.prefix}.* topics on {bootstrap}",
+        say,
+    )
+    book, follow = rule_book(settings)
+    follow(deadline)
+    registry = CollectorRegistry()
+    worker_app = WorkerApp(settings, book, registry=registry)
+    port = settings.worker.metrics_port
+    if port is not None:
+        start_http_server(port, addr=settings.worker.metrics_host, registry=registry)
+        say(f"metrics on http://{settings.worker.metrics_host}:{port}/metrics")
+    return worker_app
+
+
+def run_worker(settings: Settings, say: Say) -> None:
+    """Start a worker (see :func:`start_up`) and run it until SIGTERM or SIGINT."""
+    worker_app = start_up(settings, say)
+    level = settings.worker.log_level
+    worker = faust.Worker(worker_app.app, loglevel=level, quiet=True)
+    # Their debug calls would build a log record per message sent or received.
+    for name in ("faust", "aiokafka", "mode"):
+        logging.getLogger(name).setLevel(level.upper())
+    worker.execute_from_commandline()

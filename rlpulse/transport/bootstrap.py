@@ -1,0 +1,80 @@
+"""Where every client finds Kafka: the one reading of the ``bootstrap`` setting.
+
+``bootstrap`` (a flag, ``RLPULSE_BOOTSTRAP``, the config file) when set; otherwise the
+broker that ``rlpulse broker up`` started on this machine, as recorded in
+``<home>/broker/state.json``; otherwise ``127.0.0.1:9092``. Blank means unset everywhere
+(the settings model strips it). The record is written by :mod:`rlpulse.local.broker`;
+reading it is a small file read and a signal-0 check of the recorded pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rlpulse.settings import DEFAULT_BOOTSTRAP, Settings
+
+__all__ = ["BrokerRecord", "bootstrap_servers", "pid_alive"]
+
+STATE_FILE = "state.json"
+
+
+@dataclass(frozen=True)
+class BrokerRecord:
+    """A running local broker, as recorded in its state directory."""
+
+    pid: int
+    port: int
+    controller_port: int
+    bootstrap: str
+    kafka_version: str
+    log_file: str
+    started_ns: int
+    secure: bool = False
+    ca_file: str | None = None
+
+    @classmethod
+    def read(cls, state_dir: Path) -> BrokerRecord | None:
+        """The broker recorded in ``state_dir`` if its process is alive, else None."""
+        try:
+            data = json.loads((state_dir / STATE_FILE).read_text())
+            record = cls(**data)
+        except (OSError, ValueError, TypeError):
+            return None
+        return record if pid_alive(record.pid) else None
+
+    def write(self, state_dir: Path) -> None:
+        """Record this broker in ``state_dir``."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie child of ours is reaped, and is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(ChildProcessError):
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    return True
+
+
+def local_broker_dir(settings: Settings) -> Path:
+    """The state directory of the default local broker."""
+    return settings.home / "broker"
+
+
+def bootstrap_servers(settings: Settings) -> str:
+    """The bootstrap servers the clients of ``settings`` connect to (see the module docstring)."""
+    if settings.bootstrap:
+        return settings.bootstrap
+    record = BrokerRecord.read(local_broker_dir(settings))
+    return record.bootstrap if record is not None else DEFAULT_BOOTSTRAP

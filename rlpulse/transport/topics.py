@@ -1,0 +1,113 @@
+"""Creating, checking and deleting rlpulse's topics."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from rlpulse.schemas.topics import Topics
+from rlpulse.settings import Settings
+from rlpulse.transport.clients import new_admin
+from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError
+
+__all__ = ["delete_topics", "ensure_topics", "wanted_partitions"]
+
+
+def wanted_partitions(topics: Topics, partitions: int) -> dict[str, int]:
+    """Each topic of ``topics`` and its partition count.
+
+    The run-keyed topics share one partition count, since the worker's tables are
+    co-partitioned with its inputs; the rules topic has one partition (it holds one record).
+    """
+    wanted = dict.fromkeys(topics.keyed_by_run(), partitions)
+    wanted[topics.dlq] = partitions
+    wanted[topics.rules] = 1
+    return wanted
+
+
+def ensure_topics(
+    settings: Settings,
+    topics: Topics | None = None,
+    partitions: int | None = None,
+    timeout_s: float = 30.0,
+) -> None:
+    """Create the topics of ``topics`` (default: the settings' prefix) that do not exist yet.
+
+    ``partitions`` defaults to ``settings.worker.partitions``. An existing topic with another
+    partition count is an error (:class:`TopicError`); returns once every topic has a
+    leader for each partition.
+    """
+    names = topics if topics is not None else Topics(settings.prefix)
+    count = partitions if partitions is not None else settings.worker.partitions
+    admin = new_admin(settings)
+    wanted = wanted_partitions(names, count)
+    existing = _list(admin, timeout_s)
+    for name, want in wanted.items():
+        if name in existing and len(existing[name].partitions) != want:
+            raise TopicError(
+                f"topic {name} has {len(existing[name].partitions)} partitions, rlpulse needs "
+                f"{want}; delete it or use another prefix"
+            )
+    new = [
+        NewTopic(
+            name,
+            num_partitions=want,
+            replication_factor=-1,
+            config={"cleanup.policy": "compact"} if name == names.rules else {},
+        )
+        for name, want in wanted.items()
+        if name not in existing
+    ]
+    if new:
+        for name, future in admin.create_topics(new, request_timeout=timeout_s).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise TopicError(f"could not create topic {name}: {exc}") from exc
+    wait_for_leaders(admin, wanted, timeout_s)
+
+
+def wait_for_leaders(admin: AdminClient, wanted: dict[str, int], timeout_s: float) -> None:
+    """Block until every topic of ``wanted`` has its partitions, each with a leader."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = _list(admin, max(1.0, deadline - time.monotonic()))
+        if all(
+            name in metadata
+            and metadata[name].error is None
+            and len(metadata[name].partitions) == want
+            and all(p.leader >= 0 and p.error is None for p in metadata[name].partitions.values())
+            for name, want in wanted.items()
+        ):
+            return
+        if time.monotonic() >= deadline:
+            raise BrokerUnavailableError(
+                f"topics {sorted(wanted)} had no leader for every partition after {timeout_s:.0f} s"
+            )
+        time.sleep(0.1)
+
+
+def delete_topics(settings: Settings, names: list[str], timeout_s: float = 10.0) -> None:
+    """Delete the topics of ``names`` that exist; best effort (a leftover topic is harmless)."""
+    admin = new_admin(settings)
+    existing = _list(admin, timeout_s)
+    doomed = [name for name in names if name in existing]
+    if not doomed:
+        return
+    for future in admin.delete_topics(doomed, request_timeout=timeout_s).values():
+        with contextlib.suppress(KafkaException):
+            future.result()
+
+
+def _list(admin: AdminClient, timeout_s: float) -> dict[str, Any]:
+    try:
+        topics: dict[str, Any] = admin.list_topics(timeout=timeout_s).topics
+    except KafkaException as exc:
+        raise BrokerUnavailableError(f"Kafka did not answer a metadata request: {exc}") from exc
+    return topics

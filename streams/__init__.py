@@ -1,1 +1,0 @@
-"""Stream processing: the pure step joiner and the faust worker."""

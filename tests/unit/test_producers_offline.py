@@ -1,0 +1,219 @@
+"""The trainer side without a reachable broker: argument checks, spooling, no I/O up front."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+import rlpulse
+import rlpulse.producers
+from rlpulse.producers import (
+    ControlClient,
+    EventLogger,
+    InvalidFieldError,
+    InvalidValueError,
+    ProducerClosedError,
+    ProducerError,
+    RunLink,
+    Settings,
+)
+from rlpulse.schemas.records import ControlCommand
+from rlpulse.transport import clients as clients_module
+from rlpulse.transport.exceptions import ClientConfigError
+
+UNREACHABLE = Settings(bootstrap="127.0.0.1:1", prefix="unit")
+
+
+@pytest.fixture(autouse=True)
+def rlpulse_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Spools (default: under $RLPULSE_HOME) go to the test's own directory."""
+    monkeypatch.setenv("RLPULSE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def a_command(run_id: str = "run-a") -> ControlCommand:
+    return {
+        "command_id": "cmd-1",
+        "run_id": run_id,
+        "attempt": 0,
+        "stage": "trainer",
+        "step": 1,
+        "origin": "operator",
+        "rule_id": None,
+        "rule_version": None,
+        "dry_run": False,
+        "actions": [{"type": "stop", "params": {}}],
+        "reason": "operator asked",
+        "evidence": {},
+        "issued_ns": 0,
+    }
+
+
+def test_librdkafka_refusing_a_property_raises_a_config_error() -> None:
+    settings = Settings(bootstrap="127.0.0.1:1", librdkafka={"no.such.property": 1})
+    logger = EventLogger("run-a", settings=settings)
+    with pytest.raises(ClientConfigError, match=r"no\.such\.property"):
+        logger.log({"loss": 1.0}, step=0)
+
+
+def _no_client(*_args: Any, **_kwargs: Any) -> NoReturn:
+    raise AssertionError("a Kafka client was created")
+
+
+def test_constructors_do_no_network_io(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(clients_module, "Producer", _no_client)
+    monkeypatch.setattr(clients_module, "Consumer", _no_client)
+    logger = EventLogger("run-a", rank=3, world_size=8, settings=UNREACHABLE)
+    client = ControlClient("run-a", attempt=1, settings=UNREACHABLE)
+    link = RunLink("run-a", tags={"team": "rl"}, settings=UNREACHABLE)
+    assert (logger.logged, logger.delivered, logger.spooled, logger.dropped) == (0, 0, 0, 0)
+    assert not client.started
+    # Closing what never connected creates nothing either.
+    assert logger.close() == 0
+    client.close()
+    assert link.close() == 0
+
+
+def test_log_with_unreachable_broker_returns_at_once_and_close_spools() -> None:
+    logger = EventLogger("run-a", settings=UNREACHABLE)
+    start = time.monotonic()
+    for step in range(200):
+        logger.log({"loss": 1.0 / (step + 1), "tokens": step}, step=step)
+    assert time.monotonic() - start < 2.0
+    assert logger.logged == 200
+    assert logger.delivered == 0
+    assert logger.close(timeout_s=0.1) == 200
+    assert (logger.spooled, logger.dropped, logger.pending) == (200, 0, 0)
+    assert len(list(logger.spool_dir.glob(f"{logger.producer_id}.*.jsonl"))) == 1
+
+
+def test_full_local_queue_spools_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(bootstrap="127.0.0.1:1", librdkafka={"queue.buffering.max.messages": 5})
+    caplog.set_level(logging.WARNING, logger="rlpulse.producers")
+    with EventLogger("run-a", settings=settings) as logger:
+        for step in range(20):
+            logger.log({"loss": 1.0}, step=step)
+        assert logger.logged == 20
+        logger.close(timeout_s=0.1)
+        assert (logger.spooled, logger.dropped) == (20, 0)
+    full = [r for r in caplog.records if "queue is full" in r.getMessage()]
+    assert len(full) == 1
+
+
+@pytest.mark.parametrize("value", ["1.0", b"1", None, [1.0, 2.0], {"a": 1}, object()])
+def test_non_numeric_metric_is_a_type_error_naming_the_key(value: object) -> None:
+    logger = EventLogger("run-a", settings=UNREACHABLE)
+    with pytest.raises(TypeError, match=r"metrics\['reward_mean'\]") as raised:
+        logger.log({"loss": 0.5, "reward_mean": value}, step=1)  # type: ignore[dict-item]
+    assert isinstance(raised.value, InvalidFieldError)
+    assert isinstance(raised.value, ProducerError)
+    assert raised.value.key == "reward_mean"
+    assert logger.logged == 0
+
+
+def test_numeric_like_metric_values_are_converted() -> None:
+    class Scalar:
+        def __float__(self) -> float:
+            return 0.25
+
+    logger = EventLogger("run-a", settings=UNREACHABLE)
+    logger.log({"int": 3, "bool": True, "nan": float("nan"), "scalar": Scalar()}, step=1)  # type: ignore[dict-item]
+    assert logger.logged == 1
+    logger.close(timeout_s=0)
+
+
+def test_bad_arguments_are_refused_with_their_context() -> None:
+    with pytest.raises(InvalidValueError, match="run_id"):
+        EventLogger("", settings=UNREACHABLE)
+    with pytest.raises(InvalidValueError, match="world_size=0"):
+        EventLogger("run-a", world_size=0, settings=UNREACHABLE)
+    with pytest.raises(InvalidFieldError, match=r"tags\['gpu'\]"):
+        EventLogger("run-a", tags={"gpu": 8}, settings=UNREACHABLE)  # type: ignore[dict-item]
+    logger = EventLogger("run-a", settings=UNREACHABLE)
+    with pytest.raises(InvalidValueError, match="'metrics', 'log', 'run_start', 'run_end'"):
+        logger.log({}, 1, kind="metric")  # type: ignore[arg-type]
+    with pytest.raises(InvalidFieldError, match="step"):
+        logger.log({}, 1.5)  # type: ignore[arg-type]
+    client = ControlClient("run-a", settings=UNREACHABLE)
+    with pytest.raises(InvalidValueError, match="'applied', 'noop', 'rejected', 'failed'"):
+        client.ack(a_command(), "done")  # type: ignore[arg-type]
+    with pytest.raises(InvalidValueError, match="this client's run"):
+        client.ack(a_command("run-b"), "applied")
+    with pytest.raises(InvalidFieldError, match=r"detail\['new'\]"):
+        client.ack(a_command(), "applied", detail={"new": 128})  # type: ignore[dict-item]
+
+
+def test_use_after_close_is_an_error() -> None:
+    logger = EventLogger("run-a", settings=UNREACHABLE)
+    logger.close()
+    with pytest.raises(ProducerClosedError):
+        logger.log({"loss": 1.0}, step=0)
+    client = ControlClient("run-a", settings=UNREACHABLE)
+    client.close()
+    with pytest.raises(ProducerClosedError):
+        client.poll()
+
+
+def test_poll_with_unreachable_broker_never_stalls_the_loop() -> None:
+    client = ControlClient("run-a", settings=UNREACHABLE, startup_timeout_s=0.3)
+    for _ in range(20):  # start-up runs (and fails, and retries) in its own thread
+        start = time.monotonic()
+        assert client.poll() == []
+        assert time.monotonic() - start < 0.1
+        time.sleep(0.05)
+    start = time.monotonic()
+    assert client.poll(timeout_s=0.3) == []  # waits its timeout, no longer
+    assert 0.25 < time.monotonic() - start < 1.0
+    assert not client.started
+    start = time.monotonic()
+    client.close()
+    assert time.monotonic() - start < 2.0
+
+
+def test_public_api() -> None:
+    assert sorted(rlpulse.producers.__all__) == [
+        "Broadcast",
+        "CommandBus",
+        "ControlClient",
+        "EXIT_STOPPED_BY_RULE",
+        "EventHandler",
+        "EventLogger",
+        "InvalidFieldError",
+        "InvalidValueError",
+        "ProducerClosedError",
+        "ProducerError",
+        "RankLogWriter",
+        "RefusedSourceError",
+        "RunLink",
+        "Settings",
+        "StopRequested",
+        "single_process_broadcast",
+    ]
+    for name in rlpulse.producers.__all__:
+        assert getattr(rlpulse.producers, name).__doc__
+
+
+def test_import_does_not_load_the_worker_stack() -> None:
+    forbidden = ["faust", "aiokafka", "aiohttp", "prometheus_client", "mode"]
+    code = (
+        "import sys, rlpulse.producers\n"
+        f"print(','.join(sorted(m for m in {forbidden!r} if m in sys.modules)))\n"
+    )
+    root = str(Path(rlpulse.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
+    )
+    assert result.stdout.strip() == ""

@@ -1,0 +1,185 @@
+"""The one settings tree: defaults, the four sources and their order, errors, config show."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from rlpulse.cli import app
+from rlpulse.exceptions import SettingsError
+from rlpulse.settings import Settings, explain, load_settings, masked
+from rlpulse.transport.bootstrap import BrokerRecord, bootstrap_servers
+from rlpulse.transport.clients import client_properties
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No RLPULSE_* from the machine; a home of the test's own."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("RLPULSE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("RLPULSE_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    settings = Settings()
+    assert settings.bootstrap is None
+    assert settings.prefix == "rlpulse"
+    assert (settings.producer.linger_ms, settings.producer.compression) == (5, "lz4")
+    assert (settings.worker.grace_s, settings.worker.late_window_s) == (30.0, 600.0)
+    assert (settings.worker.partitions, settings.worker.rules) == (6, "topic")
+    assert settings.worker.metrics_host == "0.0.0.0"
+    assert settings.limits.max_metrics == 1024
+    assert settings.worker_group == "rlpulse-worker"
+    assert settings.spool_root == settings.home / "spool"
+    assert settings.worker_data_dir == settings.home / "worker-data" / "rlpulse-worker"
+
+
+def test_each_source_wins_over_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flag > RLPULSE_* > config file > default, for one setting changed through each."""
+    name = "worker.grace_s"
+    assert load_settings().worker.grace_s == 30.0
+    assert explain()[name] == "default"
+
+    config = write_config(tmp_path / "rlpulse.yaml", "worker:\n  grace_s: 11\n")
+    assert load_settings(config_file=config).worker.grace_s == 11.0
+    assert explain(config_file=config)[name] == f"file {config}"
+    monkeypatch.setenv("RLPULSE_CONFIG", str(config))  # the same file, named by the environment
+    assert load_settings().worker.grace_s == 11.0
+
+    monkeypatch.setenv("RLPULSE_WORKER__GRACE_S", "12")
+    assert load_settings(config_file=config).worker.grace_s == 12.0
+    assert explain(config_file=config)[name] == "env RLPULSE_WORKER__GRACE_S"
+
+    flags = {name: 13.0, "worker.partitions": None}  # None: a flag not given
+    assert load_settings(flags, config).worker.grace_s == 13.0
+    assert load_settings(flags, config).worker.partitions == 6
+    assert explain(flags, config)[name] == "flag"
+    # the other settings of the same section keep their own sources
+    assert explain(flags, config)["worker.late_window_s"] == "default"
+
+
+def test_top_level_environment_names(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RLPULSE_BOOTSTRAP", "kafka-1:9092,kafka-2:9092")
+    monkeypatch.setenv("RLPULSE_PREFIX", "team-a")
+    monkeypatch.setenv("RLPULSE_HOME", str(tmp_path / "elsewhere"))
+    settings = Settings()
+    assert (settings.bootstrap, settings.prefix) == ("kafka-1:9092,kafka-2:9092", "team-a")
+    assert settings.home == tmp_path / "elsewhere"
+    assert Settings(bootstrap="other:1").bootstrap == "other:1"  # code wins over env
+
+
+def test_blank_bootstrap_means_unset_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLPULSE_BOOTSTRAP", "  ")
+    settings = Settings()
+    assert settings.bootstrap is None
+    assert bootstrap_servers(settings) == "127.0.0.1:9092"
+    assert client_properties(settings)["bootstrap.servers"] == "127.0.0.1:9092"
+    assert load_settings({"bootstrap": " "}).bootstrap is None
+
+
+def test_unset_bootstrap_finds_the_local_broker(tmp_path: Path) -> None:
+    import os
+
+    settings = Settings()
+    record = BrokerRecord(
+        pid=os.getpid(),
+        port=39092,
+        controller_port=39093,
+        bootstrap="127.0.0.1:39092",
+        kafka_version="4.1.1",
+        log_file="x",
+        started_ns=0,
+    )
+    record.write(settings.home / "broker")
+    assert bootstrap_servers(settings) == "127.0.0.1:39092"
+    assert bootstrap_servers(Settings(bootstrap="k:1")) == "k:1"
+    dead = BrokerRecord(**{**record.__dict__, "pid": 2**22 + 12345})
+    dead.write(settings.home / "broker")
+    assert bootstrap_servers(settings) == "127.0.0.1:9092"
+
+
+def test_bad_values_are_refused_naming_their_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path / "c.yaml", "worker:\n  partitions: 0\n")
+    with pytest.raises(SettingsError, match=rf"worker.partitions \(from file {config}\)"):
+        load_settings(config_file=config)
+    monkeypatch.setenv("RLPULSE_PRODUCER__COMPRESSION", "brotli")
+    with pytest.raises(SettingsError, match=r"producer.compression \(from env"):
+        load_settings()
+    monkeypatch.delenv("RLPULSE_PRODUCER__COMPRESSION")
+    with pytest.raises(SettingsError, match=r"worker.grace_s \(from flag\)"):
+        load_settings({"worker.grace_s": 0})
+    with pytest.raises(SettingsError, match="straggler_min"):
+        load_settings({"worker.straggler_min": 20})
+    with pytest.raises(SettingsError, match="Kafka topic characters"):
+        load_settings({"prefix": "bad prefix"})
+    with pytest.raises(SettingsError, match="Extra inputs"):
+        load_settings(config_file=write_config(tmp_path / "typo.yaml", "workr: {}\n"))
+    with pytest.raises(SettingsError, match="does not exist"):
+        load_settings(config_file=tmp_path / "missing.yaml")
+    with pytest.raises(SettingsError, match="not valid YAML"):
+        load_settings(config_file=write_config(tmp_path / "bad.yaml", "worker: [\n"))
+
+
+def test_settings_are_frozen_and_updated_by_copy(tmp_path: Path) -> None:
+    settings = Settings()
+    with pytest.raises(ValidationError):
+        settings.prefix = "other"  # type: ignore[misc]
+    changed = settings.updated({"producer.spool_dir": tmp_path, "prefix": "p"})
+    assert (changed.producer.spool_dir, changed.prefix) == (tmp_path, "p")
+    assert changed.producer.linger_ms == settings.producer.linger_ms
+    with pytest.raises(SettingsError):
+        settings.updated({"producer.linger_ms": -1})
+
+
+def test_config_show_prints_values_and_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path / "c.yaml", "prefix: from-file\nworker: {partitions: 3}\n")
+    monkeypatch.setenv("RLPULSE_WORKER__GRACE_S", "9")
+    result = CliRunner().invoke(
+        app,
+        ["config", "show", "--json", "--config", str(config), "--set", "worker.batch_max=500"],
+    )
+    assert result.exit_code == 0, result.output
+    shown = {row["name"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert shown["prefix"] == {"name": "prefix", "value": "from-file", "source": f"file {config}"}
+    assert shown["worker.partitions"]["value"] == 3
+    assert (shown["worker.grace_s"]["value"], shown["worker.grace_s"]["source"]) == (
+        9.0,
+        "env RLPULSE_WORKER__GRACE_S",
+    )
+    assert (shown["worker.batch_max"]["value"], shown["worker.batch_max"]["source"]) == (
+        500,
+        "flag",
+    )
+    assert shown["worker.late_window_s"]["source"] == "default"
+    table = CliRunner().invoke(app, ["config", "show"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "worker.grace_s" in table.stdout
+
+
+def test_config_show_refuses_bad_settings_in_one_line() -> None:
+    result = CliRunner().invoke(app, ["config", "show", "--set", "worker.partitions=zero"])
+    assert result.exit_code == 1
+    assert "worker.partitions (from flag)" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_masked_lists_every_setting_once() -> None:
+    flat = masked(Settings())
+    assert "worker.grace_s" in flat and "producer.linger_ms" in flat and "bootstrap" in flat
+    assert set(flat) == set(explain())
