@@ -16,6 +16,10 @@ starts its producer there) and left out of the percentiles. Scenarios:
 
 Prints one JSON object per line, then the ratios wandb/rlpulse and the two targets:
 rlpulse p50 at most a tenth of wandb's, and p99 under 1 ms with the broker down.
+
+``--baseline DIR`` first runs the benchmark of another source tree (an earlier commit
+checked out in DIR: its own copy of this script against its own rlpulse) and prints its
+lines with ``"code": "baseline"``, so that one run compares the two.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -33,10 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from rlpulse.local.broker import bootstrap_or_local_broker
-from rlpulse.transport.topics import ensure_topics
-
 from rlpulse.producers import EventLogger, Settings
 from rlpulse.schemas.topics import Topics
+from rlpulse.transport.topics import ensure_topics
 
 UNREACHABLE = "127.0.0.1:1"
 
@@ -76,7 +81,7 @@ def running_broker() -> AbstractContextManager[str]:
 
 
 def bench_rlpulse(
-    scenario: str, config: Settings, metrics: dict[str, float], calls: int
+    scenario: str, settings: Settings, metrics: dict[str, float], calls: int
 ) -> dict[str, float]:
     logger = EventLogger(f"bench-{uuid.uuid4().hex[:8]}", settings=settings)
     if scenario == "down_spooling":  # wait until the first events timed out: spool mode
@@ -112,11 +117,29 @@ def bench_wandb(metrics: dict[str, float], calls: int, directory: Path) -> dict[
     return figures
 
 
+def run_baseline(tree: Path, calls: int, metric_count: int) -> None:
+    """Run ``tree``'s copy of this benchmark against ``tree``'s rlpulse; re-print its lines."""
+    script = tree / "benchmarks" / "producer_overhead.py"
+    command = [sys.executable, str(script), "--calls", str(calls), "--metrics", str(metric_count)]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        command, cwd=tree, env=env, capture_output=True, text=True, timeout=1800, check=False
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            print(json.dumps({**json.loads(line), "code": "baseline"}), flush=True)
+    if done.returncode != 0:
+        emit("baseline", error=done.stderr.strip().splitlines()[-1:], code=str(tree))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--metrics", type=int, default=20)
+    parser.add_argument("--baseline", type=Path, default=None, help="an earlier source tree")
     args = parser.parse_args()
+    if args.baseline is not None:
+        run_baseline(args.baseline, args.calls, args.metrics)
     metrics = {f"metric_{i:02d}": 0.5 + i for i in range(args.metrics)}
     work = Path(tempfile.mkdtemp(prefix="rlpulse-overhead-"))
     spool = work / "spool"
@@ -124,13 +147,13 @@ def main() -> None:
     with running_broker() as bootstrap:
         topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
         ensure_topics(Settings(bootstrap=bootstrap), topics, partitions=3)
-        up = Settings(
-            bootstrap=bootstrap, prefix=topics.prefix, spool_dir=spool
+        up = Settings(bootstrap=bootstrap, prefix=topics.prefix).updated(
+            {"producer.spool_dir": spool}
         )
         results["up"] = bench_rlpulse("up", up, metrics, args.calls)
-    down = Settings(bootstrap=UNREACHABLE, spool_dir=spool)
+    down = Settings(bootstrap=UNREACHABLE).updated({"producer.spool_dir": spool})
     results["down"] = bench_rlpulse("down", down, metrics, args.calls)
-    spooling = down.model_copy(update={"delivery_timeout_s": 0.5})
+    spooling = down.updated({"producer.delivery_timeout_s": 0.5})
     results["down_spooling"] = bench_rlpulse("down_spooling", spooling, metrics, args.calls)
     wandb_figures = bench_wandb(metrics, args.calls, work / "wandb")
     if wandb_figures is not None:

@@ -22,10 +22,11 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from rlpulse.producers import ControlClient, EventLogger, Settings
+from rlpulse.producers import ControlClient, EventLogger
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
 from rlpulse.schemas.topics import Topics
+from tests.kafka import settings_at
 
 RANKS = 4
 STEPS = 60
@@ -51,7 +52,7 @@ class ScriptedRun:
 
     def __init__(self, bootstrap: str, topics: Topics, run_id: str | None = None) -> None:
         self.run_id = run_id or f"run-{uuid.uuid4().hex[:8]}"
-        self.settings = Settings(bootstrap=bootstrap, prefix=topics.prefix)
+        self.settings = settings_at(bootstrap, topics)
         self.ranks = [
             EventLogger(self.run_id, rank=rank, world_size=RANKS, settings=self.settings)
             for rank in range(RANKS)

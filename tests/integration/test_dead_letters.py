@@ -21,12 +21,11 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from rlpulse.local.broker import tail
 from rlpulse.local.worker_process import WorkerProcess
-
 from rlpulse.schemas import default_codec
-from rlpulse.schemas.topics import Topics
-from rlpulse.streams.app import REASON_HEADER, SOURCE_HEADER
+from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 
 pytestmark = pytest.mark.broker
 

@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from rlpulse.local.worker_process import WorkerProcess
 
+from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
 from tests.integration.scripted_run import (

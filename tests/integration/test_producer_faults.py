@@ -28,17 +28,19 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from rlpulse.local.broker import LocalBroker
-from rlpulse.transport.clients import new_admin
-from rlpulse.transport.topics import ensure_topics
-from rlpulse.local.worker_process import WorkerProcess
 
+from rlpulse.local.broker import LocalBroker
+from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger, Settings
 from rlpulse.producers.spool import read_spool_file, spool_files
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
+from rlpulse.settings import ProducerSettings
+from rlpulse.transport.clients import new_admin
+from rlpulse.transport.topics import ensure_topics
 from tests.integration.scripted_run import consume_all
+from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -70,7 +72,9 @@ def free_port_pair() -> int:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     """A broker of this module only, on a fixed port; each test stops and starts it."""
-    local = LocalBroker(state_dir=tmp_path_factory.mktemp("fault-broker"), port=free_port_pair())
+    local = LocalBroker(
+        Settings(), state_dir=tmp_path_factory.mktemp("fault-broker"), port=free_port_pair()
+    )
     try:
         yield local
     finally:
@@ -111,12 +115,11 @@ class SimulatedRanks:
 
     def __init__(self, broker: LocalBroker, topics: Topics, spool_dir: Path) -> None:
         self.run_id = f"run-{uuid.uuid4().hex[:8]}"
-        settings = Settings(
-            bootstrap=bootstrap_of(broker),
-            prefix=topics.prefix,
-            spool_dir=spool_dir,
-            delivery_timeout_s=DELIVERY_TIMEOUT_S,
-            extra={"reconnect.backoff.max.ms": 1000},
+        settings = settings_at(
+            bootstrap_of(broker),
+            topics,
+            producer=ProducerSettings(spool_dir=spool_dir, delivery_timeout_s=DELIVERY_TIMEOUT_S),
+            librdkafka={"reconnect.backoff.max.ms": 1000},
         )
         self.loggers = [
             EventLogger(self.run_id, rank=rank, world_size=RANKS, settings=settings)
@@ -292,12 +295,11 @@ CHILD = """
 import sys, time
 from pathlib import Path
 from rlpulse.producers import EventLogger, Settings
-from tests.kafka import settings_at
 
 bootstrap, prefix, spool = sys.argv[1:4]
 settings = Settings(
-    bootstrap=bootstrap, prefix=prefix, spool_dir=Path(spool),
-    delivery_timeout_s=2.0,
+    bootstrap=bootstrap, prefix=prefix,
+    producer={"spool_dir": Path(spool), "delivery_timeout_s": 2.0},
 )
 logger = EventLogger("killed-run", settings=settings)
 print(logger.producer_id, flush=True)
@@ -337,7 +339,7 @@ def test_c_killed_producer_spool_is_replayed(broker: LocalBroker, tmp_path: Path
     bring_up(broker, topics)
     delivered = {(e["producer_id"], e["seq"]) for e in events_on_topic(bootstrap, topics.events)}
     replay = subprocess.run(
-        [sys.executable, "-m", "rlpulse.replay", str(spool_dir), "--bootstrap", bootstrap],
+        [sys.executable, "-m", "rlpulse", "replay", str(spool_dir), "--bootstrap", bootstrap],
         capture_output=True,
         text=True,
         timeout=120,

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from rlpulse.transport.topics import ensure_topics
 
-from rlpulse.producers import ControlClient, EventHandler, EventLogger, Settings, RunLink
+from rlpulse.producers import ControlClient, EventHandler, EventLogger, RunLink, Settings
 from rlpulse.producers.replay import replay_spool
 from rlpulse.producers.spool import spool_files
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand
 from rlpulse.schemas.topics import Topics
+from rlpulse.settings import ProducerSettings
+from rlpulse.transport.topics import ensure_topics
 from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
@@ -106,7 +107,7 @@ def ids(commands: Iterable[ControlCommand]) -> list[str]:
 
 
 def settings_for(kafka_bootstrap: str, topics: Topics) -> Settings:
-    return Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    return settings_at(kafka_bootstrap, topics)
 
 
 def test_logged_events_arrive_decodable_and_in_sequence(
@@ -246,7 +247,7 @@ def test_restarted_client_does_not_return_acked_commands(
 
 def test_control_client_waits_for_topics_created_later(kafka_bootstrap: str) -> None:
     topics = Topics(prefix=f"test-late-{uuid.uuid4().hex[:10]}")
-    settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    settings = settings_at(kafka_bootstrap, topics)
     with ControlClient("run-a", settings=settings) as client:
         assert client.poll() == []
         assert not client.started
@@ -280,9 +281,7 @@ def test_run_link_round_trip(kafka_bootstrap: str, topics: Topics) -> None:
 def test_logging_handler_publishes_stdlib_records(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    settings = Settings(
-        bootstrap=kafka_bootstrap, prefix=topics.prefix, producer={"spool_dir": tmp_path}
-    )
+    settings = settings_at(kafka_bootstrap, topics, producer=ProducerSettings(spool_dir=tmp_path))
     trainer_log = logging.getLogger(f"trainer-{uuid.uuid4().hex}")
     trainer_log.setLevel(logging.INFO)
     trainer_log.propagate = False
@@ -325,9 +324,7 @@ def spool_while_unreachable(
     topics: Topics, spool_dir: Path, run_id: str, count: int
 ) -> EventLogger:
     """A logger that could not reach any broker: its ``count`` events end in the spool."""
-    settings = Settings(
-        bootstrap="127.0.0.1:1", prefix=topics.prefix, producer={"spool_dir": spool_dir}
-    )
+    settings = settings_at("127.0.0.1:1", topics, producer=ProducerSettings(spool_dir=spool_dir))
     logger = EventLogger(run_id, settings=settings)
     for step in range(count):
         logger.log({"loss": float(step)}, step)
@@ -350,12 +347,12 @@ def test_replay_sends_a_spool_once_and_deletes_it(
     assert {e["producer_id"] for e in events} == {dead.producer_id}
 
 
-def test_replay_command_runs_standalone(
+def test_replay_subcommand_sends_a_spool(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     spool_while_unreachable(topics, tmp_path, "run-cli", 5)
     result = subprocess.run(
-        [sys.executable, "-m", "rlpulse.replay", str(tmp_path), "--bootstrap", kafka_bootstrap],
+        [sys.executable, "-m", "rlpulse", "replay", str(tmp_path), "--bootstrap", kafka_bootstrap],
         capture_output=True,
         text=True,
         timeout=120,
@@ -370,9 +367,7 @@ def test_a_new_process_of_the_run_replays_a_dead_producers_spool(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     dead = spool_while_unreachable(topics, tmp_path, "run-o", 20)
-    settings = Settings(
-        bootstrap=kafka_bootstrap, prefix=topics.prefix, producer={"spool_dir": tmp_path}
-    )
+    settings = settings_at(kafka_bootstrap, topics, producer=ProducerSettings(spool_dir=tmp_path))
     with EventLogger("run-o", settings=settings) as successor:
         successor.log({"loss": 0.0}, 100)
         deadline = time.monotonic() + WAIT_S

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
-from rlpulse.local.broker import tail
-from rlpulse.transport.topics import ensure_topics
-from rlpulse.local.worker_process import WorkerProcess
 
+from rlpulse.local.broker import tail
+from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
+from rlpulse.transport.topics import ensure_topics
 from tests.integration.scripted_run import (
     KL_GUARD_STEP,
     STEPS,
@@ -36,11 +36,11 @@ from tests.integration.scripted_run import (
     until_ids,
 )
 from tests.integration.test_pipeline import (
-from tests.kafka import settings_at
     EXPECTED_SUMMARIES,
     assert_every_step_summarised,
     assert_seed_commands,
 )
+from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
 

@@ -19,8 +19,8 @@ from rlpulse.producers import (
     EXIT_STOPPED_BY_RULE,
     CommandBus,
     InvalidValueError,
-    Settings,
     RunLink,
+    Settings,
     StopRequested,
     single_process_broadcast,
 )
@@ -29,7 +29,11 @@ from rlpulse.producers.bus import Broadcast
 from rlpulse.schemas.records import Action, ControlCommand
 
 T = TypeVar("T")
-UNREACHABLE = Settings(bootstrap="127.0.0.1:1", prefix="unit")
+
+
+def unreachable() -> Settings:
+    """Settings for a broker that is not there (built per test: the home is the test's own)."""
+    return Settings(bootstrap="127.0.0.1:1", prefix="unit")
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +116,7 @@ def run_ranks(world_size: int, script: dict[int, list[ControlCommand]], steps: i
 
     def rank_loop(rank: int) -> None:
         link = RunLink(
-            "run-a", rank=rank, world_size=world_size, settings=UNREACHABLE,
+            "run-a", rank=rank, world_size=world_size, settings=unreachable(),
             broadcast=bus.for_rank(rank),
         )  # fmt: skip
         if rank == 0:
@@ -226,7 +230,7 @@ def test_resume_gives_every_rank_the_attempt_rank_0_took(tmp_path: Path) -> None
 
     def resume(rank: int) -> None:
         link = RunLink.resume(
-            "run-a", tmp_path, rank=rank, world_size=3, settings=UNREACHABLE,
+            "run-a", tmp_path, rank=rank, world_size=3, settings=unreachable(),
             broadcast=bus.for_rank(rank),
         )  # fmt: skip
         attempts[rank] = link.attempt
@@ -246,8 +250,8 @@ def test_resume_gives_every_rank_the_attempt_rank_0_took(tmp_path: Path) -> None
 
 
 def test_single_process_resume_needs_no_broadcast(tmp_path: Path) -> None:
-    link = RunLink.resume("run-a", tmp_path, settings=UNREACHABLE)
+    link = RunLink.resume("run-a", tmp_path, settings=unreachable())
     assert link.attempt == 1
     link.close(timeout_s=0)
     with pytest.raises(InvalidValueError, match="broadcast"):
-        RunLink.resume("run-a", tmp_path, rank=1, world_size=2, settings=UNREACHABLE)
+        RunLink.resume("run-a", tmp_path, rank=1, world_size=2, settings=unreachable())
