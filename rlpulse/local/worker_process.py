@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -31,6 +32,7 @@ class WorkerProcess:
         grace_s: float = 30.0,
         extra_args: tuple[str, ...] = (),
         data_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.prefix = prefix
@@ -39,8 +41,12 @@ class WorkerProcess:
         self.partitions = partitions
         self.grace_s = grace_s
         self.extra_args = extra_args
+        self.env = dict(env or {})
+        """Environment variables for the child on top of this process's (``RLPULSE_*``...)."""
         self.data_dir = data_dir or log_file.parent / f"{prefix}-worker-data"
         self.process: subprocess.Popen[bytes] | None = None
+        self.killed_after_timeout = False
+        """Whether the last :meth:`stop` had to SIGKILL because the signal did not end it."""
 
     @property
     def group_id(self) -> str:
@@ -79,7 +85,7 @@ class WorkerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         return self
 
@@ -110,7 +116,10 @@ class WorkerProcess:
         )
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
-        """Send ``sig``; after ``timeout_s`` without exit, SIGKILL. Returns the exit code."""
+        """Send ``sig``; after ``timeout_s`` without exit, SIGKILL. Returns the exit code.
+
+        :attr:`killed_after_timeout` tells whether the SIGKILL was needed.
+        """
         if self.process is None:
             return None
         if self.process.poll() is None:
@@ -118,6 +127,7 @@ class WorkerProcess:
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                self.killed_after_timeout = True
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode

@@ -9,7 +9,6 @@ topics the worker creates. The local broker's port comes from the environment
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,30 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.local.broker import KafkaJars, tail
+from rlpulse.local.broker import tail
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
+from tests.integration.fresh import environment
 from tests.integration.scripted_run import KL_GUARD_STEP, STEPS, ScriptedRun
 from tests.integration.test_producer_faults import free_port_pair
 
 pytestmark = pytest.mark.broker
-
-
-@pytest.fixture
-def fresh_home(tmp_path: Path) -> Path:
-    """An empty RLPULSE_HOME that shares only the resolved Kafka jars with this machine's."""
-    home = tmp_path / "home"
-    home.mkdir()
-    jars = KafkaJars(Settings().home)
-    if jars.ready():
-        (home / "kafka-jars").mkdir()
-        (home / "kafka-jars" / jars.directory.name).symlink_to(jars.directory)
-    return home
-
-
-def environment(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLPULSE_")}
-    return {**env, "RLPULSE_HOME": str(home), "PYTHONUNBUFFERED": "1", **extra}
 
 
 def rlpulse(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -347,6 +349,35 @@ def test_replay_sends_a_spool_once_and_deletes_it(
     assert {e["producer_id"] for e in events} == {dead.producer_id}
 
 
+def test_log_from_eight_threads_keeps_seq_in_queue_order(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    """log() promises seq order = queue order whichever threads log: on the (one) partition
+    of the run the seqs are 0, 1, 2, ... in offset order, and each thread's events keep the
+    order that thread logged them in."""
+    threads, per_thread = 8, 250
+    logger = EventLogger("run-threads", settings=settings_for(kafka_bootstrap, topics))
+    start = threading.Barrier(threads)
+
+    def log_from(thread: int) -> None:
+        start.wait(timeout=30)
+        for index in range(per_thread):
+            logger.log({"thread": float(thread), "index": float(index)}, step=index)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+        for future in [pool.submit(log_from, t) for t in range(threads)]:
+            future.result(timeout=60)
+    assert logger.flush(WAIT_S) == 0
+    logger.close()
+    total = threads * per_thread
+    codec = default_codec()
+    events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, total)]
+    assert [e["seq"] for e in events] == list(range(total))  # offset order is seq order
+    for thread in range(threads):
+        mine = [e["metrics"]["index"] for e in events if e["metrics"]["thread"] == thread]
+        assert mine == [float(i) for i in range(per_thread)], f"thread {thread} reordered"
+
+
 def test_replay_subcommand_sends_a_spool(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
@@ -361,6 +392,26 @@ def test_replay_subcommand_sends_a_spool(
     assert result.returncode == 0, result.stderr
     assert "replayed 5 event(s) from 1 spool file(s)" in result.stdout
     read_topic(kafka_bootstrap, topics.events, 5)
+    assert spool_files(tmp_path) == {}
+
+
+def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable(
+    topics: Topics, tmp_path: Path
+) -> None:
+    spool_while_unreachable(topics, tmp_path, "run-cli", 5)
+    kept = spool_files(tmp_path)
+    command = [sys.executable, "-m", "rlpulse", "replay", str(tmp_path)]
+    result = subprocess.run(
+        [*command, "--bootstrap", "127.0.0.1:1", "--timeout", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "5 event(s) not delivered within 2 s; their files are kept" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert spool_files(tmp_path) == kept
 
 
 def test_a_new_process_of_the_run_replays_a_dead_producers_spool(

@@ -6,10 +6,12 @@ torch.distributed, and rank 0's control client is fed scripted commands.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -104,6 +106,14 @@ class ScriptedControl:
         pass
 
 
+def on_threads(target: Callable[[int], object], world_size: int) -> None:
+    """Run ``target(rank)`` on one thread per rank; an exception in any fails the test."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=world_size) as pool:
+        futures = [pool.submit(target, rank) for rank in range(world_size)]
+        for future in futures:
+            future.result(timeout=30)
+
+
 def run_ranks(world_size: int, script: dict[int, list[ControlCommand]], steps: int) -> tuple[
     dict[int, list[tuple[int, list[str]]]], dict[int, int], ScriptedControl
 ]:  # fmt: skip
@@ -112,7 +122,6 @@ def run_ranks(world_size: int, script: dict[int, list[ControlCommand]], steps: i
     control = ScriptedControl(script)
     seen: dict[int, list[tuple[int, list[str]]]] = {r: [] for r in range(world_size)}
     stopped: dict[int, int] = {}
-    errors: list[BaseException] = []
 
     def rank_loop(rank: int) -> None:
         link = RunLink(
@@ -136,17 +145,10 @@ def run_ranks(world_size: int, script: dict[int, list[ControlCommand]], steps: i
                 link.exit_if_stopped(step)
         except StopRequested:
             stopped[rank] = step
-        except BaseException as exc:
-            errors.append(exc)
         finally:
             link.close(timeout_s=0)
 
-    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(world_size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors, errors
+    on_threads(rank_loop, world_size)
     return seen, stopped, control
 
 
@@ -239,11 +241,7 @@ def test_resume_gives_every_rank_the_attempt_rank_0_took(tmp_path: Path) -> None
         link.save_attempt(tmp_path / "ckpt-next")
         link.close(timeout_s=0)
 
-    threads = [threading.Thread(target=resume, args=(r,)) for r in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    on_threads(resume, 3)
     assert attempts == {0: 5, 1: 5, 2: 5}
     assert read_attempt(tmp_path, "run-a") == 5
     assert read_attempt(tmp_path / "ckpt-next", "run-a") == 5

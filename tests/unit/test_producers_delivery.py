@@ -96,9 +96,7 @@ def test_close_spools_what_is_queued_and_keeps_the_files(tmp_path: Path) -> None
     logger = EventLogger("run-a", settings=settings)
     for step in range(50):
         logger.log({"loss": 1.0}, step)
-    start = time.monotonic()
     assert logger.close(timeout_s=0.5) == 50
-    assert time.monotonic() - start < 5.0  # the flush timeout, a purge and a probe at most
     files = spool_files(tmp_path)[(logger.spool_dir, logger.producer_id)]
     assert [e.seq for path in files for e in read_spool_file(path)[0]] == list(range(50))
 

@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -78,14 +79,15 @@ def test_constructors_do_no_network_io(monkeypatch: pytest.MonkeyPatch) -> None:
     assert link.close() == 0
 
 
-def test_log_with_unreachable_broker_returns_at_once_and_close_spools() -> None:
+def test_log_with_unreachable_broker_queues_in_memory_and_close_spools() -> None:
+    """log() hands each event to librdkafka's queue and returns: with no broker to wait for,
+    all 200 are still in memory afterwards, none delivered, none spooled yet (the delivery
+    timeout is a minute away). How long a call takes is measured in
+    benchmarks/producer_overhead.py (broker down: p50/p99 in microseconds)."""
     logger = EventLogger("run-a", settings=unreachable())
-    start = time.monotonic()
     for step in range(200):
         logger.log({"loss": 1.0 / (step + 1), "tokens": step}, step=step)
-    assert time.monotonic() - start < 2.0
-    assert logger.logged == 200
-    assert logger.delivered == 0
+    assert (logger.logged, logger.delivered, logger.spooled, logger.pending) == (200, 0, 0, 200)
     assert logger.close(timeout_s=0.1) == 200
     assert (logger.spooled, logger.dropped, logger.pending) == (200, 0, 0)
     assert len(list(logger.spool_dir.glob(f"{logger.producer_id}.*.jsonl"))) == 1
@@ -158,20 +160,21 @@ def test_use_after_close_is_an_error() -> None:
         client.poll()
 
 
-def test_poll_with_unreachable_broker_never_stalls_the_loop() -> None:
+def test_poll_with_unreachable_broker_never_waits_for_start_up() -> None:
+    """Start-up cannot finish (nothing listens), yet every poll() returns: it never waits for
+    start-up, which runs and retries in its own thread. Durations are measured in
+    benchmarks/producer_overhead.py."""
     client = ControlClient("run-a", settings=unreachable(), startup_timeout_s=0.3)
-    for _ in range(20):  # start-up runs (and fails, and retries) in its own thread
-        start = time.monotonic()
+    for _ in range(20):
         assert client.poll() == []
-        assert time.monotonic() - start < 0.1
+        assert not client.started
         time.sleep(0.05)
-    start = time.monotonic()
-    assert client.poll(timeout_s=0.3) == []  # waits its timeout, no longer
-    assert 0.25 < time.monotonic() - start < 1.0
-    assert not client.started
-    start = time.monotonic()
-    client.close()
-    assert time.monotonic() - start < 2.0
+    assert client.poll(timeout_s=0.3) == []  # waits up to its timeout, then returns
+    (starter,) = [t for t in threading.enumerate() if t.name == "rlpulse-control-run-a"]
+    assert not client.started and starter.is_alive()  # still retrying
+    client.close()  # the start-up thread notices and ends
+    starter.join(10)
+    assert not starter.is_alive()
 
 
 def test_public_api() -> None:
