@@ -246,7 +246,7 @@ def test_fuzzed_bad_input_goes_to_the_dlq_and_the_worker_keeps_going(
     expected = {(b.key, b.value): b for b in bad}
     assert len(expected) == len(bad), "the generator made two identical payloads"
     on_dlq = Counter((m.key(), m.value()) for m in dead)
-    assert on_dlq == Counter(expected), f"{len(on_dlq)} distinct on the DLQ, {len(bad)} bad\n{log}"
+    assert on_dlq == Counter(expected.keys()), f"{len(on_dlq)} on the DLQ, {len(bad)} bad\n{log}"
     for message in dead:
         payload = expected[(message.key(), message.value())]
         headers = dict(message.headers() or [])

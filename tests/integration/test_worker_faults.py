@@ -46,6 +46,9 @@ from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
 
+GRACE_S = 120.0
+"""Long: step 52 must stay open, three ranks in, until the kill and beyond (no rank is late)."""
+
 
 def start_worker(bootstrap: str, topics: Topics, log: Path, partitions: int) -> WorkerProcess:
     worker = WorkerProcess(
@@ -54,7 +57,7 @@ def start_worker(bootstrap: str, topics: Topics, log: Path, partitions: int) -> 
         log,
         rules="seed",
         partitions=partitions,
-        grace_s=5.0,
+        grace_s=GRACE_S,
         data_dir=log.with_suffix(".data"),
         extra_args=("--log-level", "info"),
     )
