@@ -14,15 +14,24 @@ Prints one JSON object per line, all measured in the same run on the same broker
   last StepSummary read back; ``worker_cpu_share`` is the CPU time the worker used over that
   time (1.0 = one core: the worker is one Python process and runs on one core at most);
 - ``worker_vs_bare``: the ratio of the two rates;
-- ``command_latency``: with a background load of ``--load-fraction`` (80 %) of the
-  measured worker rate running on the same worker, runs whose KL passes 0.3 for three
-  steps are played one after another; latency is from producing the last rank's event of
-  the firing step to reading the kl-guard command from the control topic;
-  ``worker_cpu_share_under_load`` is the worker's CPU share while the background load ran,
-  ``machine_cpu_busy_under_load`` how busy all cores were (broker, load, worker);
-- ``latency_vs_kafka``: the ratio of the two latency medians;
-- ``targets``: each target of issue 5 and whether this run met it.
+- ``command_latency``: a fresh worker (the seed rules plus a ``probe`` rule that answers
+  every step of the probe run with a command) under a background load of
+  ``--load-fraction`` (80 %) of the measured worker rate, produced on a fixed schedule for
+  ``--latency-seconds`` (each event stamped with its scheduled send time). The probe run's
+  8 long-lived ranks log one step every ``--probe-interval`` s inside the load window (the
+  line says whether every probe was); a probe's latency is from the last rank's ``log()``
+  of its step to its command arriving on the control topic. Reported: p50/p90/p99/max over
+  all probes, how many got an answer, the join latency of the background steps
+  (``emitted_ns - last_event_ns`` of their summaries), the worker's backlog each second
+  (uncommitted events), its CPU share, and its RSS and GC pauses (from its /metrics);
+- ``after_sigstop_2s``: the same for 60 s with the worker stopped (SIGSTOP) for 2 s after
+  15 s; ``recovery_s`` is how long after SIGCONT every later probe stays under 1 s;
+- ``soak`` (``--soak-minutes N``): the same for N minutes, with one ``soak_minute`` line a
+  minute (latency percentiles, worker RSS, longest GC pause so far, GC counts);
+- ``targets``: each target of issue 15 and whether this run met it.
 
+``--worker-env NAME=VALUE`` sets the worker's (and the bare agent's) environment, e.g.
+``RLPULSE_WORKER__BUFFER_MAX=32768``, to compare settings in one run.
 ``--profile FILE`` runs only the worker throughput phase, with the worker under cProfile,
 and prints its 30 most expensive functions. Uses ``RLPULSE_BOOTSTRAP`` if set, otherwise
 starts (and stops) a local broker.
@@ -34,6 +43,7 @@ import argparse
 import json
 import os
 import pstats
+import signal
 import statistics
 import sys
 import tempfile
@@ -149,11 +159,17 @@ class Load:
         self.label = label
         self.codec = default_codec()
 
-    def encode(self, steps: range) -> list[tuple[bytes, bytes]]:
-        """(key, value) of every event of ``steps``, in the order trainers would send them."""
+    def encode(
+        self, steps: range, start_ns: int | None = None, step_s: float = 0.0
+    ) -> list[tuple[bytes, bytes]]:
+        """(key, value) of every event of ``steps``, in the order trainers would send them.
+
+        Step ``i`` carries ``timestamp_ns = start_ns + i * step_s`` (default: now).
+        """
         out = []
-        now = time.time_ns()
-        for step in steps:
+        first = time.time_ns() if start_ns is None else start_ns
+        for index, step in enumerate(steps):
+            now = first + round(index * step_s * 1e9)
             for run in range(self.runs):
                 run_id = f"{self.label}-{run}"
                 for rank in range(self.ranks):
@@ -196,8 +212,10 @@ def produce_all(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]])
 class BareAgentProcess(WorkerProcess):
     """This file run as ``bare-agent``: a faust agent that only decodes the events topic."""
 
-    def __init__(self, bootstrap: str, prefix: str, log_file: Path, expect: int) -> None:
-        super().__init__(bootstrap, prefix, log_file, partitions=PARTITIONS)
+    def __init__(
+        self, bootstrap: str, prefix: str, log_file: Path, expect: int, env: dict[str, str]
+    ) -> None:
+        super().__init__(bootstrap, prefix, log_file, partitions=PARTITIONS, env=env)
         self.expect = expect
         self.done_file = log_file.with_suffix(".done")
 
@@ -272,13 +290,18 @@ def backlog(bootstrap: str, load: Load, steps: int) -> Topics:
 
 
 def drain_rates(
-    bootstrap: str, load: Load, steps: int, workdir: Path, baseline: Path | None
+    bootstrap: str,
+    load: Load,
+    steps: int,
+    workdir: Path,
+    baseline: Path | None,
+    env: dict[str, str],
 ) -> dict[str, float]:
     """Events/s of the bare agent and the worker (and a baseline worker) over one backlog."""
     topics = backlog(bootstrap, load, steps)
     events = load.runs * load.ranks * steps
     shape = load.describe(steps=steps)
-    rates = {"bare": bare_rate(bootstrap, topics, events, workdir)}
+    rates = {"bare": bare_rate(bootstrap, topics, events, workdir, env)}
     emit("bare_agent_throughput", events=events, events_per_s=rates["bare"], load=shape)
     if baseline is not None:
         # same events, own topics: a worker of another version must not share our tables
@@ -293,7 +316,7 @@ def drain_rates(
             worker_cpu_share=old.cpu_share,
             load=shape,
         )
-    drain = worker_rate(bootstrap, topics, load.runs * steps, workdir)
+    drain = worker_rate(bootstrap, topics, load.runs * steps, workdir, env=env)
     rates["full"] = round(drain.summaries_per_s * load.ranks, 1)
     emit(
         "worker_throughput",
@@ -319,8 +342,10 @@ def profile_worker(bootstrap: str, load: Load, steps: int, workdir: Path, out: P
     pstats.Stats(str(out)).sort_stats("tottime").print_stats(30)
 
 
-def bare_rate(bootstrap: str, topics: Topics, events: int, workdir: Path) -> float:
-    agent = BareAgentProcess(bootstrap, topics.prefix, workdir / "bare-agent.log", events)
+def bare_rate(
+    bootstrap: str, topics: Topics, events: int, workdir: Path, env: dict[str, str]
+) -> float:
+    agent = BareAgentProcess(bootstrap, topics.prefix, workdir / "bare-agent.log", events, env)
     agent.start()
     try:
         agent.wait_consuming(timeout_s=120)
@@ -349,6 +374,7 @@ def worker_rate(
     workdir: Path,
     code: Path | None = None,
     profile: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Drain:
     """Summaries per second from the first to the last of ``want``, and whether all came.
 
@@ -359,7 +385,7 @@ def worker_rate(
     reader = consumer(bootstrap, topics.steps)
     log = workdir / f"{topics.prefix}-worker.log"
     worker = (
-        WorkerProcess(bootstrap, topics.prefix, log, partitions=PARTITIONS)
+        WorkerProcess(bootstrap, topics.prefix, log, partitions=PARTITIONS, env=env)
         if profile is None
         else ProfiledWorker(
             bootstrap, topics.prefix, log, partitions=PARTITIONS, profile_file=profile
@@ -395,108 +421,353 @@ def worker_rate(
     return Drain((len(seen) - 1) / (finished - started), len(seen) == want, cpu.share)
 
 
-class BackgroundLoad(threading.Thread):
-    """Produces pre-encoded events at a steady rate until stopped."""
+# -- latency under load -------------------------------------------------------------------
 
-    def __init__(
-        self, bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]], rate: float
-    ):
+PROBE_RULES = """\
+version: 1
+rules:
+  - id: unstable-reward
+    metric: reward_mean
+    stage: rollout
+    over_steps: {window: 5, stat: var}
+    when: "> 0.5"
+    cooldown_steps: 5
+    actions: [{scale_rollout_batch: {factor: 2, max: 256}}]
+  - id: kl-guard
+    metric: kl_divergence
+    when: "> 0.3"
+    for_steps: 3
+    once: true
+    actions: [{checkpoint: {tag: kl_violation}}, {stop: {}}]
+  - id: probe
+    metric: probe
+    stage: probe
+    when: "> 0"
+    actions: [{alert: {severity: info, message: probe}}]
+"""
+"""The seed rules, plus one that answers every step of the probe run with a command."""
+
+PROBE_RUN = "probe"
+
+
+class ScheduledLoad(threading.Thread):
+    """Background runs, one step of every run at a time, at ``rate`` events/s for a duration.
+
+    Events are encoded up front, each with the time its step is scheduled to leave as its
+    ``timestamp_ns``, so a summary's ``emitted_ns - last_event_ns`` is its join latency.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, load: Load, rate: float, seconds: float):
         super().__init__(daemon=True)
         self.producer = trainer_producer(bootstrap)
-        self.topic, self.messages, self.rate = topic, messages, rate
+        self.topic = topic
+        self.per_step = load.runs * load.ranks
+        steps = max(1, round(rate * seconds / self.per_step))
+        self.step_s = self.per_step / rate
+        self.start_ns = time.time_ns() + round((steps * self.per_step * 12e-6 + 3) * 1e9)
+        self.messages = load.encode(range(steps), self.start_ns, self.step_s)
         self.sent = 0
-        self.elapsed = 0.0
+        self.ended_ns = 0
         self.halt = threading.Event()
 
     def run(self) -> None:
-        started = time.perf_counter()
-        while not self.halt.is_set() and self.sent < len(self.messages):
-            due = min(len(self.messages), int((time.perf_counter() - started) * self.rate))
+        while time.time_ns() < self.start_ns:
+            time.sleep(0.001)
+        total = len(self.messages)
+        while not self.halt.is_set() and self.sent < total:
+            elapsed = (time.time_ns() - self.start_ns) / 1e9
+            due = min(total, (int(elapsed / self.step_s) + 1) * self.per_step)
             for key, value in self.messages[self.sent : due]:
                 try:
                     self.producer.produce(self.topic, key=key, value=value)
                 except BufferError:
+                    self.producer.poll(0.01)
                     break
                 self.sent += 1
             self.producer.poll(0)
-            time.sleep(0.005)
-        self.elapsed = time.perf_counter() - started
-        self.producer.flush(30)
+            time.sleep(0.002)
+        self.ended_ns = time.time_ns()
+        self.producer.flush(60)
+
+    @property
+    def achieved_rate(self) -> float:
+        """Events/s actually produced, from the scheduled start to the last send."""
+        seconds = (self.ended_ns - self.start_ns) / 1e9
+        return self.sent / seconds if seconds > 0 else 0.0
 
 
-def probe(run_id: str, ranks: int, settings: Settings, reader: Consumer) -> float | None:
-    """Milliseconds from a kl-guard run's firing event to its command; None after 30 s."""
-    codec = default_codec()
-    loggers = [
-        EventLogger(run_id, rank=r, world_size=ranks, settings=settings) for r in range(ranks)
-    ]
-    for step in (1, 2, 3):
-        for logger in loggers:
-            logger.log({"kl_divergence": 0.5}, step=step, stage="actor")
-        if step < 3:
-            for logger in loggers:
-                logger.flush(10)
-    produced = time.perf_counter()
-    for logger in loggers:
-        logger.flush(10)
-    latency = None
-    deadline = time.monotonic() + 30
-    while latency is None and time.monotonic() < deadline:
-        message = reader.poll(0.01)
-        if message is None or message.error() is not None:
-            continue
-        if codec.decode_command(message.value() or b"")["run_id"] == run_id:
-            latency = (time.perf_counter() - produced) * 1000
-    for logger in loggers:
-        logger.close(10)
-    return latency
+class TopicWatch(threading.Thread):
+    """Reads a topic from its end as it is now; hands each decoded record to ``take``."""
+
+    def __init__(self, bootstrap: str, topic: str, take: Any) -> None:
+        super().__init__(daemon=True)
+        self.consumer = consumer(bootstrap, topic)
+        self.take = take
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                for message in self.consumer.consume(500, timeout=0.05):
+                    if message.error() is None:
+                        self.take(message.value() or b"", time.time_ns())
+        finally:
+            self.consumer.close()
 
 
-def command_latency(
-    bootstrap: str, samples: int, load: Load, rate: float, workdir: Path
-) -> tuple[list[float], dict[str, Any]]:
-    """Latencies of ``samples`` probes while ``load`` runs at ``rate``, and the load's shape."""
+class Probes(threading.Thread):
+    """The probe run: 8 long-lived ranks log one step every ``interval_s``; the probe rule
+    answers every step with a command, and latency is from the last rank's log() of a step
+    to that command arriving."""
+
+    def __init__(self, settings: Settings, ranks: int, interval_s: float, count: int) -> None:
+        super().__init__(daemon=True)
+        self.loggers = [
+            EventLogger(PROBE_RUN, rank=r, world_size=ranks, settings=settings)
+            for r in range(ranks)
+        ]
+        self.interval_s, self.count = interval_s, count
+        self.sent_ns: dict[int, int] = {}
+        self.arrived_ns: dict[int, int] = {}
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        for step in range(self.count):
+            if self.halt.is_set():
+                break
+            for logger in self.loggers:
+                logger.log({"probe": 1.0}, step=step, stage="probe")
+            self.sent_ns[step] = time.time_ns()
+            next_at += self.interval_s
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def take_command(self, value: bytes, now_ns: int) -> None:
+        command = default_codec().decode_command(value)
+        if command["run_id"] == PROBE_RUN and command["step"] not in self.arrived_ns:
+            self.arrived_ns[command["step"]] = now_ns
+
+    def latencies_ms(self, first: int = 0, last: int | None = None) -> dict[int, float | None]:
+        """Per probe step sent: its latency in ms, None if its command never came."""
+        return {
+            step: None if step not in self.arrived_ns else (self.arrived_ns[step] - sent) / 1e6
+            for step, sent in self.sent_ns.items()
+            if first <= step and (last is None or step <= last)
+        }
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close(10)
+
+
+class JoinWatch:
+    """Join latency of the background steps: emitted_ns - last_event_ns of each summary."""
+
+    def __init__(self) -> None:
+        self.seconds: list[tuple[int, float]] = []  # (emitted_ns, join latency s)
+        self.codec = default_codec()
+
+    def take(self, value: bytes, _now_ns: int) -> None:
+        summary = self.codec.decode_summary(value)
+        if summary["run_id"] != PROBE_RUN and summary["revision"] == 1:
+            lag = (summary["emitted_ns"] - summary["last_event_ns"]) / 1e9
+            self.seconds.append((summary["emitted_ns"], lag))
+
+
+def lag_of(bootstrap: str, group: str, topic: str) -> int:
+    """Messages of ``topic`` the group has not committed yet."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    admin = transport_clients.new_admin(Settings(bootstrap=bootstrap), "benchmark")
+    partitions = range(PARTITIONS)
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
+    committed = admin.list_consumer_group_offsets([request])[group].result()
+    reader = consumer(bootstrap, topic)
+    try:
+        ends = {
+            p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in partitions
+        }
+    finally:
+        reader.close()
+    done = {tp.partition: max(tp.offset, 0) for tp in committed.topic_partitions}
+    return sum(max(ends[p] - done.get(p, 0), 0) for p in partitions)
+
+
+def summarize(latencies: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(percentile(latencies, 50), 1),
+        "p90_ms": round(percentile(latencies, 90), 1),
+        "p99_ms": round(percentile(latencies, 99), 1),
+        "max_ms": round(max(latencies), 1),
+    }
+
+
+def worker_gauges(port: int) -> dict[str, float]:
+    """The worker's RSS, its longest GC pause so far and its GC pause counts, from /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "process_resident_memory_bytes":
+                found["rss_mb"] = round(sample.value / 2**20, 1)
+            elif sample.name == "rlpulse_gc_longest_pause_seconds":
+                found["gc_longest_pause_ms"] = round(sample.value * 1e3, 1)
+            elif sample.name == "rlpulse_gc_pause_seconds_count":
+                found[f"gc_count_gen{sample.labels['generation']}"] = sample.value
+            elif (
+                sample.name == "rlpulse_gc_pause_seconds_sum" and sample.labels["generation"] == "2"
+            ):
+                found["gc_full_pause_total_ms"] = round(sample.value * 1e3, 1)
+    return found
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def latency_under_load(
+    bootstrap: str,
+    load: Load,
+    rate: float,
+    seconds: float,
+    interval_s: float,
+    workdir: Path,
+    env: dict[str, str],
+    *,
+    pause_at_s: float | None = None,
+    per_minute: bool = False,
+) -> dict[str, Any]:
+    """Probe latency over ``seconds`` of background load at ``rate``, on a fresh worker.
+
+    ``pause_at_s``: SIGSTOP the worker that far into the window for 2 s; then report how long
+    after SIGCONT the probes stay under 1 s. ``per_minute``: emit a line per minute (latency
+    percentiles, worker RSS, GC pauses) — the soak mode.
+    """
     topics = Topics(prefix=f"bench-lat-{uuid.uuid4().hex[:8]}")
     ensure_topics(Settings(bootstrap=bootstrap), topics, partitions=PARTITIONS)
+    rules = workdir / f"{topics.prefix}-rules.yaml"
+    rules.write_text(PROBE_RULES)
+    port = free_port()
+    worker = WorkerProcess(
+        bootstrap,
+        topics.prefix,
+        workdir / f"{topics.prefix}-worker.log",
+        rules=str(rules),
+        partitions=PARTITIONS,
+        extra_args=("--metrics-port", str(port), "--metrics-host", "127.0.0.1"),
+        env=env,
+    )
     settings = Settings(bootstrap=bootstrap, prefix=topics.prefix)
-    # enough background events for the whole phase: ~0.6 s per sample plus slack
-    per_step = load.runs * load.ranks
-    background = load.encode(range(int(rate * (samples * 0.6 + 30) / per_step) + 1))
-    reader = consumer(bootstrap, topics.control)
-    worker = WorkerProcess(bootstrap, topics.prefix, workdir / "lat-worker.log", partitions=6)
+    background = ScheduledLoad(bootstrap, topics.events, load, rate, seconds + 15)
+    probes = Probes(settings, load.ranks, interval_s, count=int(seconds / interval_s))
+    joins = JoinWatch()
+    watchers = [
+        TopicWatch(bootstrap, topics.control, probes.take_command),
+        TopicWatch(bootstrap, topics.steps, joins.take),
+    ]
+    backlog: list[tuple[float, int]] = []
+    minutes: list[dict[str, Any]] = []
     worker.start()
-    latencies: list[float] = []
-    loader = BackgroundLoad(bootstrap, topics.events, background, rate)
+    cpu: CpuShare | None = None
     try:
         worker.wait_consuming(timeout_s=120)
-        while not reader.assignment():
-            reader.poll(0.1)
-        # the first probe waits for the worker to finish starting (table recovery)
-        probe("warm-up", load.ranks, settings, reader)
-        loader.start()
-        time.sleep(3.0)  # let the worker reach its steady state under the load
+        for watcher in watchers:
+            watcher.start()
+        background.start()
+        while time.time_ns() < background.start_ns + 5 * 10**9:  # the load settles first
+            time.sleep(0.05)
+        window_start_ns = time.time_ns()
         cpu = CpuShare(worker)
-        for sample in range(samples):
-            latency = probe(f"lat-{sample}", load.ranks, settings, reader)
-            if latency is not None:
-                latencies.append(latency)
-            if loader.is_alive():
-                cpu.stop()  # while the background load runs
+        probes.start()
+        paused_ns: int | None = None
+        next_minute = time.monotonic() + 60
+        minute_first = 0
+        while probes.is_alive():
+            elapsed = (time.time_ns() - window_start_ns) / 1e9
+            backlog.append((round(elapsed, 1), lag_of(bootstrap, worker.group_id, topics.events)))
+            if pause_at_s is not None and paused_ns is None and elapsed >= pause_at_s:
+                assert worker.process is not None
+                os.kill(worker.process.pid, signal.SIGSTOP)
+                time.sleep(2.0)
+                os.kill(worker.process.pid, signal.SIGCONT)
+                paused_ns = time.time_ns()
+            if per_minute and time.monotonic() >= next_minute:
+                next_minute += 60
+                last = max(probes.sent_ns, default=0)
+                minute = [v for v in probes.latencies_ms(minute_first, last - 4).values() if v]
+                minute_first = last - 3
+                line = {
+                    "minute": len(minutes) + 1,
+                    **summarize(minute or [0.0]),
+                    **worker_gauges(port),
+                }
+                minutes.append(line)
+                emit("soak_minute", **line)
+            time.sleep(1.0)
+        window_end_ns = time.time_ns()
+        cpu.stop()
+        time.sleep(5.0)  # the last probes' commands
+        gauges = worker_gauges(port)
     finally:
-        loader.halt.set()
-        loader.join(60)
+        background.halt.set()
+        probes.halt.set()
+        background.join(60)
+        for watcher in watchers:
+            watcher.halt.set()
+            watcher.join(10)
+        probes.close()
         worker.stop()
-        reader.close()
-    achieved = loader.sent / loader.elapsed if loader.elapsed else 0.0
-    shape = load.describe(
-        target_events_per_s=round(rate, 1),
-        achieved_events_per_s=round(achieved, 1),
-        probe_ranks=load.ranks,
-        probes="one kl-guard run at a time",
-        worker_cpu_share_under_load=cpu.share,
-        machine_cpu_busy_under_load=cpu.machine_busy,
+    per_probe = probes.latencies_ms()
+    answered = [v for v in per_probe.values() if v is not None]
+    in_window = all(
+        window_start_ns <= sent <= window_end_ns and sent <= background.ended_ns
+        for sent in probes.sent_ns.values()
     )
-    return latencies, shape
+    join = [lag for emitted, lag in joins.seconds if window_start_ns <= emitted <= window_end_ns]
+    result: dict[str, Any] = {
+        "samples": len(per_probe),
+        "answered": len(answered),
+        "all_probes_under_load": in_window,
+        **summarize(answered or [0.0]),
+        "join_p50_ms": round(percentile(join or [0.0], 50) * 1e3, 1),
+        "join_p99_ms": round(percentile(join or [0.0], 99) * 1e3, 1),
+        "join_samples": len(join),
+        "backlog": backlog,
+        "load": load.describe(
+            target_events_per_s=round(rate, 1),
+            achieved_events_per_s=round(background.achieved_rate, 1),
+            probe_interval_s=interval_s,
+            worker_cpu_share_under_load=cpu.share if cpu else None,
+            machine_cpu_busy_under_load=cpu.machine_busy if cpu else None,
+        ),
+        "worker": gauges,
+    }
+    if pause_at_s is not None and paused_ns is not None:
+        after = {
+            step: ms
+            for step, ms in per_probe.items()
+            if probes.sent_ns[step] >= paused_ns - 2 * 10**9
+        }
+        recovered_ns = None
+        for step in sorted(after):
+            if all(ms is not None and ms < 1000 for s, ms in after.items() if s >= step):
+                recovered_ns = max(probes.sent_ns[step] - paused_ns, 0)
+                break
+        result["recovery_s"] = None if recovered_ns is None else round(recovered_ns / 1e9, 1)
+        result["worst_after_pause_ms"] = round(max(v for v in after.values() if v), 1)
+    if per_minute:
+        result["minutes"] = minutes
+    return result
 
 
 def main() -> None:
@@ -509,11 +780,21 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--metrics", type=int, default=8)
-    parser.add_argument("--latency-samples", type=int, default=40)
     parser.add_argument("--load-fraction", type=float, default=0.8)
+    parser.add_argument("--latency-seconds", type=float, default=180.0)
+    parser.add_argument("--probe-interval", type=float, default=0.5)
+    parser.add_argument("--soak-minutes", type=float, default=0.0, help="also a soak this long")
+    parser.add_argument("--no-pause", action="store_true", help="skip the SIGSTOP phase")
     parser.add_argument("--profile", type=Path, default=None)
     parser.add_argument(
-        "--latency-at", type=float, default=None, help="only the latency phase, at this load"
+        "--latency-at", type=float, default=None, help="skip the drain phase: load at this rate"
+    )
+    parser.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment of the worker (and bare agent), e.g. RLPULSE_WORKER__BUFFER_MAX=32768",
     )
     parser.add_argument(
         "--baseline",
@@ -522,11 +803,13 @@ def main() -> None:
         help="also measure a worker run from this source tree (e.g. an earlier commit)",
     )
     args = parser.parse_args()
+    env = dict(item.split("=", 1) for item in args.worker_env)
+    if env:
+        emit("worker_env", **env)
     workdir = Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))
     load = Load(args.runs, args.ranks, args.metrics, label="run")
-    with bootstrap_or_local_broker(
-        Settings(), Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))
-    ) as bootstrap:
+    state_dir = Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))
+    with bootstrap_or_local_broker(Settings(), state_dir) as bootstrap:
         if args.profile is not None:
             profile_worker(bootstrap, load, args.steps, workdir, args.profile)
             return
@@ -540,28 +823,58 @@ def main() -> None:
         if args.latency_at is not None:
             rates = {"full": args.latency_at / args.load_fraction, "bare": 0.0}
         else:
-            rates = drain_rates(bootstrap, load, args.steps, workdir, args.baseline)
+            rates = drain_rates(bootstrap, load, args.steps, workdir, args.baseline, env)
         rate = args.load_fraction * rates["full"]
         background = Load(args.runs, args.ranks, args.metrics, label="bg")
-        latencies, shape = command_latency(
-            bootstrap, args.latency_samples, background, rate, workdir
+        steady = latency_under_load(
+            bootstrap, background, rate, args.latency_seconds, args.probe_interval, workdir, env
         )
-        p50, p99 = statistics.median(latencies), percentile(latencies, 99)
-        emit(
-            "command_latency",
-            samples=len(latencies),
-            p50_ms=round(p50, 2),
-            p99_ms=round(p99, 2),
-            max_ms=round(max(latencies), 2),
-            in_order_ms=[round(x) for x in latencies],
-            load=shape,
-        )
-        emit("latency_vs_kafka", p50_ratio=round(p50 / statistics.median(baseline), 1))
+        emit("command_latency", **steady)
+        paused: dict[str, Any] = {}
+        if not args.no_pause:
+            paused = latency_under_load(
+                bootstrap,
+                background,
+                rate,
+                60.0,
+                args.probe_interval,
+                workdir,
+                env,
+                pause_at_s=15.0,
+            )
+            emit(
+                "after_sigstop_2s",
+                recovery_s=paused.get("recovery_s"),
+                worst_ms=paused.get("worst_after_pause_ms"),
+                samples=paused["samples"],
+            )
+        soak: dict[str, Any] = {}
+        if args.soak_minutes > 0:
+            soak = latency_under_load(
+                bootstrap,
+                background,
+                rate,
+                args.soak_minutes * 60,
+                args.probe_interval,
+                workdir,
+                env,
+                per_minute=True,
+            )
+            emit("soak", **{k: v for k, v in soak.items() if k not in ("minutes", "backlog")})
+        p99_minutes = [m["p99_ms"] for m in soak.get("minutes", [])]
         emit(
             "targets",
-            worker_events_per_s_ge_10000=rates["full"] >= 10_000,
-            worker_ge_half_bare=rates["full"] >= 0.5 * rates["bare"],
-            command_p99_lt_1s=p99 < 1000 and len(latencies) == args.latency_samples,
+            probe_p99_lt_1s=steady["p99_ms"] < 1000,
+            probe_p50_lt_300ms=steady["p50_ms"] < 300,
+            all_probes_under_load=steady["all_probes_under_load"],
+            every_probe_answered=steady["answered"] == steady["samples"],
+            back_under_1s_within_30s_of_sigstop=(
+                paused.get("recovery_s") is not None and paused["recovery_s"] <= 30
+            )
+            if paused
+            else None,
+            drain_ge_0_56_of_bare=rates["full"] >= 0.56 * rates["bare"] if rates["bare"] else None,
+            soak_p99_lt_1s_every_minute=all(p < 1000 for p in p99_minutes) if p99_minutes else None,
         )
 
 

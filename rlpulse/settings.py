@@ -170,6 +170,19 @@ class WorkerSettings(JoinerSettings):
         description="Ticks without delivery on a partition with unread events before re-seeking.",
     )
     batch_max: int = Field(default=2000, ge=1, description="Most messages an agent takes at once.")
+    buffer_max: int = Field(
+        default=4096,
+        ge=16,
+        description="Messages faust buffers for the agent (stream_buffer_maxsize).",
+    )
+    commit_every: int = Field(
+        default=10_000,
+        ge=1,
+        description="Also commit offsets after this many messages (besides the interval).",
+    )
+    commit_interval_s: float = Field(
+        default=2.8, gt=0, description="How often offsets of processed messages are committed."
+    )
     batch_linger_s: float = Field(
         default=0.01, ge=0, description="How long an agent lets an empty buffer fill up."
     )

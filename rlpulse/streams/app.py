@@ -69,6 +69,7 @@ from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.schemas.validation import size_problem
 from rlpulse.settings import Settings
+from rlpulse.streams.encoded import JsonValues
 from rlpulse.streams.keys import event_stage_key
 from rlpulse.streams.metrics import WorkerMetrics
 from rlpulse.streams.outbox import Outbox
@@ -95,6 +96,9 @@ def faust_app(settings: Settings) -> faust.App:
     data_dir.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {
         **faust_broker_options(settings),
+        "stream_buffer_maxsize": worker.buffer_max,
+        "broker_commit_every": worker.commit_every,
+        "broker_commit_interval": worker.commit_interval_s,
         "datadir": str(data_dir),
         "store": "memory://",
         "key_serializer": "raw",
@@ -156,10 +160,12 @@ class WorkerApp:
         state_codec = register_state_codec()
         topics = Topics(settings.prefix)
 
-        def table(name: str) -> WriteBehind:
+        def table(name: str, encoded_values: bool = False) -> WriteBehind:
             created: Any = self.app.Table(name, partitions=settings.worker.partitions)
-            # faust derives serializers from key_type/value_type; ours are plain JSON documents.
-            created.key_serializer = created.value_serializer = state_codec
+            # faust derives serializers from key_type/value_type; ours are plain JSON documents
+            # (or those documents already encoded, see JsonValues).
+            created.key_serializer = state_codec
+            created.value_serializer = "raw" if encoded_values else state_codec
             return WriteBehind(created, self.outbox)
 
         self.topics = topics
@@ -167,13 +173,13 @@ class WorkerApp:
         self.events_name = topics.events
         self.steps_name = topics.steps
 
-        self.groups = table("joiner-groups")
+        self.groups = table("joiner-groups", encoded_values=True)
         self.stages = table("joiner-stages")
         self.runs = table("joiner-runs")
         self.partition_stages = table("joiner-partition-stages")
         self.rule_state = table("rule-state")
         self.pipeline = StepPipeline(
-            PipelineTables(self.groups, self.stages, self.runs, self.rule_state),
+            PipelineTables(JsonValues(self.groups), self.stages, self.runs, self.rule_state),
             lambda: book.engine,
             settings.worker,
             settings.limits,

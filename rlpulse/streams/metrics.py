@@ -1,8 +1,11 @@
-"""Prometheus counters of the worker; the registry is passed in so tests start fresh."""
+"""Prometheus metrics of the worker; the registry is passed in so tests start fresh."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import gc
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 
 class WorkerMetrics:
@@ -56,3 +59,49 @@ class WorkerMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=registry,
         )
+        self.gc_pauses = Histogram(
+            "rlpulse_gc_pause_seconds",
+            "Garbage-collector pauses of the worker process, by generation.",
+            ["generation"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=registry,
+        )
+        self.gc_longest = Gauge(
+            "rlpulse_gc_longest_pause_seconds",
+            "The longest garbage-collector pause of the worker process so far.",
+            registry=registry,
+        )
+        ProcessCollector(registry=registry)  # process_cpu_seconds_total, resident memory, ...
+
+
+class GcPauseTimer:
+    """Times every garbage collection of this process into :class:`WorkerMetrics`.
+
+    A full collection walks every object the collector tracks; with many of them alive (the
+    worker keeps released steps for the late window) one pause can stall the event loop, so
+    the worker reports them. :meth:`install` adds a ``gc.callbacks`` hook; one per process.
+    """
+
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self._metrics = metrics
+        self._started = 0.0
+        self._longest = 0.0
+
+    def install(self) -> None:
+        """Start timing collections."""
+        gc.callbacks.append(self._on_gc)
+
+    def uninstall(self) -> None:
+        """Stop timing collections."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        self._metrics.gc_pauses.labels(str(info.get("generation", -1))).observe(pause)
+        if pause > self._longest:
+            self._longest = pause
+            self._metrics.gc_longest.set(pause)

@@ -2,15 +2,17 @@
 
 Table values are plain JSON documents. faust's own ``json`` codec may switch to
 ``orjson``, which writes NaN as ``null``; metric windows hold NaN on purpose, so
-the tables use the standard library's encoder, which keeps NaN and infinities.
+the tables use the standard library's encoder (:mod:`rlpulse.streams.encoded`), which keeps
+NaN and infinities.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from faust.serializers import codecs
+
+from rlpulse.streams.encoded import dumps, loads
 
 CODEC_NAME = "rlpulse_state"
 
@@ -19,10 +21,10 @@ class StateCodec(codecs.Codec):
     """Compact stdlib JSON that round-trips NaN and +-inf."""
 
     def _dumps(self, obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
+        return dumps(obj)
 
     def _loads(self, data: bytes) -> Any:
-        return json.loads(data)
+        return loads(data)
 
 
 def register_state_codec() -> str:

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.streams.app import WorkerApp
+from rlpulse.streams.metrics import GcPauseTimer
 from rlpulse.streams.rulebook import rule_book
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics
@@ -42,6 +43,7 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
     follow(deadline)
     registry = CollectorRegistry()
     worker_app = WorkerApp(settings, book, registry=registry)
+    GcPauseTimer(worker_app.metrics).install()
     port = settings.worker.metrics_port
     if port is not None:
         start_http_server(port, addr=settings.worker.metrics_host, registry=registry)

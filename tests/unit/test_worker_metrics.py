@@ -1,0 +1,35 @@
+"""The worker's own metrics: garbage-collector pauses and the process collector."""
+
+from __future__ import annotations
+
+import gc
+
+from prometheus_client import CollectorRegistry
+
+from rlpulse.streams.metrics import GcPauseTimer, WorkerMetrics
+
+
+def test_every_collection_is_timed_by_generation() -> None:
+    registry = CollectorRegistry()
+    timer = GcPauseTimer(WorkerMetrics(registry))
+    timer.install()
+    try:
+        gc.collect()
+        gc.collect(0)
+    finally:
+        timer.uninstall()
+    full = registry.get_sample_value("rlpulse_gc_pause_seconds_count", {"generation": "2"})
+    young = registry.get_sample_value("rlpulse_gc_pause_seconds_count", {"generation": "0"})
+    assert full is not None and full >= 1 and young is not None and young >= 1
+    longest = registry.get_sample_value("rlpulse_gc_longest_pause_seconds")
+    assert longest is not None and longest > 0
+    gc.collect()  # uninstalled: no longer counted
+    after = registry.get_sample_value("rlpulse_gc_pause_seconds_count", {"generation": "2"})
+    assert after == full
+
+
+def test_process_metrics_are_exported() -> None:
+    registry = CollectorRegistry()
+    WorkerMetrics(registry)
+    assert (registry.get_sample_value("process_resident_memory_bytes") or 0) > 0
+    assert registry.get_sample_value("process_cpu_seconds_total") is not None
