@@ -183,6 +183,10 @@ class WorkerSettings(JoinerSettings):
     commit_interval_s: float = Field(
         default=2.8, gt=0, description="How often offsets of processed messages are committed."
     )
+    pause_on_busy_buffer: bool = Field(
+        default=True,
+        description="faust's own flow control: stop fetching a partition at 80 % of the buffer.",
+    )
     batch_linger_s: float = Field(
         default=0.01, ge=0, description="How long an agent lets an empty buffer fill up."
     )

@@ -77,6 +77,7 @@ from rlpulse.streams.pipeline import PipelineTables, Released, StepPipeline
 from rlpulse.streams.read_tracker import ReadTracker, Verdict
 from rlpulse.streams.rulebook import RuleBook
 from rlpulse.streams.state_codec import register_state_codec
+from rlpulse.streams.steady_consumer import use_steady_consumer
 from rlpulse.streams.write_behind import WriteBehind, flush_in_order
 from rlpulse.transport.clients import faust_broker_options
 
@@ -115,7 +116,10 @@ def faust_app(settings: Settings) -> faust.App:
         # A batch's writes to one partition leave in one produce batch.
         "producer_max_batch_size": 256 * 1024,
     }
-    return faust.App(settings.worker_group, **options)
+    app = faust.App(settings.worker_group, **options)
+    if not worker.pause_on_busy_buffer:
+        use_steady_consumer(app)
+    return app
 
 
 async def batches(stream: Any, settings: Settings) -> AsyncIterator[list[Any]]:
@@ -163,9 +167,14 @@ class WorkerApp:
         def table(name: str, encoded_values: bool = False) -> WriteBehind:
             created: Any = self.app.Table(name, partitions=settings.worker.partitions)
             # faust derives serializers from key_type/value_type; ours are plain JSON documents
-            # (or those documents already encoded, see JsonValues).
+            # (or those documents already encoded, see JsonValues). The changelog topic was made
+            # with faust's json codec, which (with orjson installed) cannot read back the NaN
+            # the state holds: it is replaced by one with the same serializers as the table.
             created.key_serializer = state_codec
             created.value_serializer = "raw" if encoded_values else state_codec
+            created.changelog_topic = created.changelog_topic.derive(
+                key_serializer=created.key_serializer, value_serializer=created.value_serializer
+            )
             return WriteBehind(created, self.outbox)
 
         self.topics = topics

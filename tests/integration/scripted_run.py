@@ -11,10 +11,14 @@ kl_divergence (stage ``actor``) is 0.1, except 0.4 at steps 45 and 46 (two in a 
 not enough), 0.2 at 47 (breaks the streak), and 0.5 from step 50 on: the third
 consecutive value > 0.3 is step 52 -> checkpoint, then stop, exactly once (``once``,
 and nothing follows a stop).
+
+Rank 2 also logs ``entropy`` as NaN in every rollout step, which no rule watches: the
+worker's state, its changelogs and a restarted worker's recovery all carry NaN.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -66,9 +70,10 @@ class ScriptedRun:
         for step in steps:
             for rank in chosen:
                 logger = self.ranks[rank]
-                logger.log(
-                    {"reward_mean": reward(step), "rank_time_s": 1.0 + rank}, step, "rollout"
-                )
+                rollout = {"reward_mean": reward(step), "rank_time_s": 1.0 + rank}
+                if rank == 2:  # a NaN in every rollout step: state and changelogs hold NaN
+                    rollout["entropy"] = math.nan
+                logger.log(rollout, step, "rollout")
                 logger.log({"kl_divergence": kl(step)}, step, "actor")
         for rank in chosen:
             assert self.ranks[rank].flush(timeout_s=30.0) == 0
