@@ -7,9 +7,10 @@ Lines layout. ``Settings`` (from :mod:`rlpulse.settings`) says where Kafka is an
 clients behave. Imports confluent-kafka, pydantic and ``rlpulse.schemas`` (never faust).
 """
 
-if __name__ != "rlpulse.producers":  # the repo root's `producers` is a link to this folder; see docs/design.md
-    raise ImportError(f"import rlpulse.producers, not {__name__}: `producers/` at the repository root is a "
-                      "link to rlpulse/producers, never a package of its own")
+# `producers/` at the repository root is a link to this folder (docs/design.md, "Layout"):
+# importing it as `producers` would load every file a second time, under another name.
+if __name__ != "rlpulse.producers":
+    raise ImportError(f"import rlpulse.producers, not {__name__}: producers/ is a link to it")
 
 
 from rlpulse.producers.bus import Broadcast, CommandBus, single_process_broadcast
@@ -19,8 +20,8 @@ from rlpulse.producers.exceptions import (
     InvalidFieldError,
     InvalidValueError,
     ProducerClosedError,
-    RefusedSourceError,
     ProducerError,
+    RefusedSourceError,
     StopRequested,
 )
 from rlpulse.producers.jsonl import RankLogWriter

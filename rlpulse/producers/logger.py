@@ -206,7 +206,7 @@ class EventLogger:
             world_size = require_int("world_size", world_size, 1)
         if policy_version is not None:
             policy_version = require_int("policy_version", policy_version, LONG_MIN, LONG_MAX)
-        if kind == "metrics" or kind == "log":
+        if kind in {"metrics", "log"}:
             problem = self._placement_problem(stage, step, world_size, metrics)
             if problem is not None:
                 self._refuse(problem)

@@ -1,8 +1,9 @@
 """Declarative rules over step summaries: DSL models, loader, presets and the pure evaluator."""
 
-if __name__ != "rlpulse.rules":  # the repo root's `rules` is a link to this folder; see docs/design.md
-    raise ImportError(f"import rlpulse.rules, not {__name__}: `rules/` at the repository root is a "
-                      "link to rlpulse/rules, never a package of its own")
+# `rules/` at the repository root is a link to this folder (docs/design.md, "Layout"):
+# importing it as `rules` would load every file a second time, under another name.
+if __name__ != "rlpulse.rules":
+    raise ImportError(f"import rlpulse.rules, not {__name__}: rules/ is a link to it")
 
 
 from rlpulse.rules.evaluator import RuleEngine

@@ -1,8 +1,9 @@
 """Wire contracts of rlpulse: every version of each Avro schema, and the codec."""
 
-if __name__ != "rlpulse.schemas":  # the repo root's `schemas` is a link to this folder; see docs/design.md
-    raise ImportError(f"import rlpulse.schemas, not {__name__}: `schemas/` at the repository root is a "
-                      "link to rlpulse/schemas, never a package of its own")
+# `schemas/` at the repository root is a link to this folder (docs/design.md, "Layout"):
+# importing it as `schemas` would load every file a second time, under another name.
+if __name__ != "rlpulse.schemas":
+    raise ImportError(f"import rlpulse.schemas, not {__name__}: schemas/ is a link to it")
 
 
 from rlpulse.schemas.codec import Codec, SchemaRegistry, default_codec

@@ -55,8 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import faust
@@ -65,7 +64,6 @@ from prometheus_client import CollectorRegistry
 
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError
-from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.schemas.validation import size_problem
 from rlpulse.settings import Settings

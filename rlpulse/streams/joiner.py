@@ -45,7 +45,7 @@ import bisect
 import math
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import TypedDict
 

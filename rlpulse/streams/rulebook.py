@@ -27,14 +27,12 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from rlpulse.rules.evaluator import RuleEngine
 from rlpulse.rules.exceptions import RulesFileError
-from rlpulse.rules.loader import load_preset, load_rules_source
-from rlpulse.rules.loader import parse_rules
+from rlpulse.rules.loader import load_preset, load_rules_source, parse_rules
 from rlpulse.rules.model import RuleSet
 from rlpulse.schemas.topics import RULES_KEY, Topics
 from rlpulse.settings import Settings

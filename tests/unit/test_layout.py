@@ -154,3 +154,22 @@ def test_the_layering_table_has_no_cycle() -> None:
 
     for part in ALLOWED:
         visit(part)
+
+
+def test_the_linter_sees_every_module_once_under_rlpulse() -> None:
+    """ruff does not follow the card folders' links: each file is checked once, in rlpulse/."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--show-files", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    ).stdout.splitlines()
+    files = {Path(line.strip()).resolve() for line in shown if line.strip().endswith(".py")}
+    for module in module_files():
+        assert module.resolve() in files, f"ruff does not check {module}"
+    through_links = [
+        line for line in shown for name in CARD_FOLDERS if line.startswith(f"{ROOT / name}/")
+    ]
+    assert through_links == []

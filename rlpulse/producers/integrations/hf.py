@@ -64,9 +64,10 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     """Publishes a Trainer's metrics and applies the run's commands on every rank.
 
     ``run_id`` names the run; ``settings`` says where Kafka is (default: ``Settings()``,
-    which reads ``$RLPULSE_BOOTSTRAP`` and the rest of the environment). ``poll_every_steps`` spaces the per-step collective that
-    shares rank 0's commands; ``broadcast`` is that collective (default: over
-    ``torch.distributed``, the identity without a process group).
+    which reads ``$RLPULSE_BOOTSTRAP`` and the rest of the environment).
+    ``poll_every_steps`` spaces the per-step collective that shares rank 0's commands;
+    ``broadcast`` is that collective (default: over ``torch.distributed``, the identity
+    without a process group).
     """
 
     def __init__(

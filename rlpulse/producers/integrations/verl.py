@@ -38,6 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rlpulse.exceptions import SettingsError
 from rlpulse.producers.integrations.commands import (
     ActionHandler,
     ActionResult,
@@ -50,7 +51,6 @@ from rlpulse.producers.integrations.metrics import numeric_metrics
 from rlpulse.producers.integrations.verl_trainer import VerlTrainerActions, is_verl_trainer
 from rlpulse.producers.link import RunLink
 from rlpulse.schemas.records import Action, ControlCommand
-from rlpulse.exceptions import SettingsError
 from rlpulse.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class VerlSettings(BaseModel):
             raise VerlSettingsError(f"invalid `{BACKEND}` block in the verl config: {exc}") from exc
 
     def rlpulse_settings(self) -> Settings:
-        """rlpulse's settings: ``settings``, with ``bootstrap``/``prefix`` over it."""
+        """Rlpulse's settings: ``settings``, with ``bootstrap``/``prefix`` over it."""
         given = {**self.settings, "bootstrap": self.bootstrap, "prefix": self.prefix}
         try:
             return load_settings(given)
