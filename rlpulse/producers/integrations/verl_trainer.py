@@ -41,7 +41,10 @@ from rlpulse.producers.integrations.commands import (
 from rlpulse.producers.integrations.exceptions import ActionRejectedError
 from rlpulse.schemas.records import Action
 
-_TRAINER_ATTRIBUTES = ("config", "global_steps", "total_training_steps", "_save_checkpoint")
+# What both trainers have when their fit() builds the Tracking. Not ``global_steps``: the
+# legacy ``RayPPOTrainer.fit`` sets it (``self.global_steps = 0``) only after that; the
+# actions read it when they run, between steps.
+_TRAINER_ATTRIBUTES = ("config", "total_training_steps", "_save_checkpoint")
 _MEGATRON_PARALLEL = (
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
@@ -50,7 +53,7 @@ _MEGATRON_PARALLEL = (
 
 
 def is_verl_trainer(candidate: object) -> bool:
-    """Whether ``candidate`` has what the actions use of a verl PPO trainer."""
+    """Whether ``candidate`` is a verl PPO trainer, as its ``fit()`` builds the ``Tracking``."""
     return all(hasattr(candidate, name) for name in _TRAINER_ATTRIBUTES)
 
 
