@@ -45,6 +45,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "ENV_PREFIX",
     "EventLimits",
+    "ExporterSettings",
     "JoinerSettings",
     "ProducerSettings",
     "Settings",
@@ -115,6 +116,14 @@ class ProducerSettings(_Section):
         default=1024 * MIB,
         ge=4096,
         description="Spool space one producer may use; events beyond it are dropped (counted).",
+    )
+    system_metrics_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Every this many seconds each RunLink logs its process's CPU seconds, RSS and (with "
+            "pynvml) GPU use as stage 'system'; unset: off."
+        ),
     )
 
 
@@ -191,6 +200,93 @@ class WorkerSettings(JoinerSettings):
     )
 
 
+_METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ExporterSettings(_Section):
+    """The Prometheus exporter: what it serves, how much of it, and whom it tells.
+
+    It reads ``<prefix>.events``, ``.steps``, ``.control``, ``.acks`` and ``.dlq`` from
+    ``lookback_s`` before its start (no history replay) and keeps the latest value per series
+    in memory.
+    """
+
+    port: int = Field(default=9091, ge=0, le=65535, description="Port of /metrics.")
+    host: str = Field(default="0.0.0.0", description="Address /metrics listens on.")
+    namespace: str = Field(
+        default="rlpulse",
+        description="Prefix of the per-rank gauges: <namespace>_<metric>{run,stage,rank}.",
+    )
+    group_id: str | None = Field(
+        default=None, description="The exporter's consumer group; unset: <prefix>-exporter."
+    )
+    allow_metrics: list[str] = Field(
+        default_factory=list,
+        description="Metric names (globs) that get per-rank series; empty: every metric.",
+    )
+    max_series: int = Field(
+        default=50_000, ge=1, description="Most series of runs held; new ones beyond are dropped."
+    )
+    lookback_s: float = Field(
+        default=900.0, ge=0, description="How far back the exporter reads its topics at start."
+    )
+    expire_ended_s: float = Field(
+        default=600.0, ge=0, description="A run's series go this long after its run_end."
+    )
+    expire_silent_s: float = Field(
+        default=3600.0, gt=0, description="A run's series go this long after its last record."
+    )
+    zscore_window: int = Field(
+        default=20, ge=3, description="Steps in the window of rlpulse_step_zscore."
+    )
+    lag_interval_s: float = Field(
+        default=5.0, gt=0, description="How often consumer lag is measured."
+    )
+    alertmanager_url: str | None = Field(
+        default=None, description="Alertmanager to forward rule commands to; unset: off."
+    )
+    notify_actions: list[str] = Field(
+        default_factory=lambda: ["alert", "stop", "checkpoint"],
+        description="Commands with one of these actions go to Alertmanager.",
+    )
+    alert_ttl_s: float = Field(
+        default=3600.0, gt=0, description="A forwarded command's alert resolves after this long."
+    )
+    startup_timeout_s: float = Field(
+        default=120.0, gt=0, description="How long start-up waits for the broker and its topics."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="warning", description="Log level of the exporter."
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _valid_namespace(cls, value: str) -> str:
+        if not _METRIC_NAME.match(value):
+            raise ValueError(
+                f"namespace {value!r} must be a Prometheus metric name prefix: a letter or '_', "
+                "then letters, digits or '_'"
+            )
+        return value
+
+    @field_validator("notify_actions")
+    @classmethod
+    def _known_actions(cls, value: list[str]) -> list[str]:
+        from rlpulse.rules.model import ACTION_TYPES  # only when the setting is given
+
+        unknown = sorted(set(value) - set(ACTION_TYPES))
+        if unknown:
+            raise ValueError(f"unknown action(s) {unknown}; known: {list(ACTION_TYPES)}")
+        return value
+
+    @field_validator("alertmanager_url", mode="before")
+    @classmethod
+    def _blank_url_is_unset(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip().rstrip("/") or None
+        return value
+
+
 class Settings(BaseSettings):
     """The root of the settings tree; see the module docstring for where values come from."""
 
@@ -221,6 +317,7 @@ class Settings(BaseSettings):
     limits: EventLimits = EventLimits()
     producer: ProducerSettings = ProducerSettings()
     worker: WorkerSettings = WorkerSettings()
+    exporter: ExporterSettings = ExporterSettings()
 
     secret_fields: ClassVar[frozenset[str]] = frozenset()
     """Dotted names whose values ``rlpulse config show`` masks."""
@@ -266,6 +363,11 @@ class Settings(BaseSettings):
     def worker_group(self) -> str:
         """The worker's Kafka consumer group and faust app id."""
         return self.worker.app_id or f"{self.prefix}-worker"
+
+    @property
+    def exporter_group(self) -> str:
+        """The exporter's Kafka consumer group."""
+        return self.exporter.group_id or f"{self.prefix}-exporter"
 
     @property
     def spool_root(self) -> Path:
