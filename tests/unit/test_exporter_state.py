@@ -324,7 +324,7 @@ def test_lookback_restores_gauges_but_counters_count_only_live_records() -> None
     assert names_of(state, "rlpulse_run_commands") == set()
     assert names_of(state, "rlpulse_run_acks") == set()
     assert names_of(state, "rlpulse_host_events") == set()
-    assert names_of(state, "rlpulse_dlq") == set()
+    assert value(state, "rlpulse_dlq_messages_total", reason="undecodable") == 0.0
     state.add_event(event(0, 2, {"reward_mean": 1.6}), live=True)
     state.add_dead_letter("undecodable: marker 0000 is not c301", live=True)
     state.add_dead_letter("too_late: step 3 closed 700 s ago", live=True)

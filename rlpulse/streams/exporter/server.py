@@ -94,6 +94,8 @@ class Exporter:
             f"({exporter.lookback_s:.0f} s) from Kafka {bootstrap}"
         )
         if exporter.alertmanager_url is not None:
+            with self.lock:
+                self.state.notifications.update(dict.fromkeys(("sent", "failed", "dropped"), 0))
             self.forwarder = AlertForwarder(exporter.alertmanager_url, self._count_notification)
             say(f"forwarding {', '.join(exporter.notify_actions)} commands to "
                 f"{exporter.alertmanager_url}")  # fmt: skip

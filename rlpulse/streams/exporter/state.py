@@ -23,7 +23,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, get_args
 
 from rlpulse.rules.arith import zscore
 from rlpulse.schemas.records import (
@@ -38,6 +38,7 @@ from rlpulse.settings import EventLimits, ExporterSettings
 from rlpulse.streams.exporter.naming import DropReason, FamilyNames
 
 __all__ = [
+    "DEAD_LETTER_KINDS",
     "OPERATOR_RULE",
     "SUMMARY_SERIES_PER_METRIC",
     "UNKNOWN_RULE",
@@ -65,6 +66,8 @@ MAX_COMMANDS_REMEMBERED: Final = 4096
 """Command ids remembered per run, to attribute acks to their rule."""
 
 NS_PER_S: Final = 1_000_000_000
+DEAD_LETTER_KINDS: Final = ("undecodable", "invalid", "too_large", "too_late", "error")
+"""The kinds of reason the worker writes into a dead letter's ``rlpulse-reason`` header."""
 
 
 def command_rule(command: ControlCommand) -> str:
@@ -156,10 +159,13 @@ class ExporterState:
         self.family_help: dict[str, str] = {}
         """Per-rank family -> the logged name that feeds it (for its HELP text)."""
         self.runs: dict[str, RunState] = {}
-        self.dead_letters: Counter[str] = Counter()
-        """Live dead letters by the kind of their reason (``undecodable``, ``invalid``...)."""
+        self.dead_letters: Counter[str] = Counter(dict.fromkeys(DEAD_LETTER_KINDS, 0))
+        """Live dead letters by the kind of their reason (``undecodable``, ``invalid``...).
+
+        The known kinds start at 0, so that Prometheus sees the first one arrive.
+        """
         self.lag: dict[LagKey, int] = {}
-        self.dropped: Counter[DropReason] = Counter()
+        self.dropped: Counter[DropReason] = Counter(dict.fromkeys(get_args(DropReason), 0))
         self.messages: Counter[str] = Counter()
         """Messages read, by topic role (``events``, ``steps``...), lookback included."""
         self.undecodable: Counter[str] = Counter()
