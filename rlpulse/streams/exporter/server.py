@@ -192,6 +192,7 @@ class Exporter:
             self.forwarder.close()
         if self._lag_thread is not None:
             self._lag_thread.join(timeout=10.0)
+        self.probe.close()
 
 
 def run_exporter(settings: Settings, say: Say) -> None:
