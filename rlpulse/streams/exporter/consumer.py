@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka._types import HeadersType
@@ -43,8 +42,7 @@ Record = TrainerEvent | StepSummary | ControlCommand | CommandAck | str
 """A decoded record; for the dead-letter topic, the message's reason header."""
 
 
-@dataclass(frozen=True, slots=True)
-class Incoming:
+class Incoming(NamedTuple):
     """One message read: its topic's role, its record (None: undecodable), whether it is live.
 
     Live: written after the exporter started, not part of the lookback.

@@ -100,26 +100,36 @@ MAX_DECISIONS: Final = 100_000
 class FamilyNames:
     """Decides, once per logged name, which per-rank family its samples feed, if any."""
 
-    def __init__(self, namespace: str, allow: Sequence[str], reserved: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        allow: Sequence[str],
+        reserved: Iterable[str] = (),
+        max_chars: int = 256,
+    ) -> None:
         self.namespace = namespace
+        self.max_chars = max_chars
         self._allow = tuple(allow)
         self._reserved = {family_key(name) for name in reserved}
         self._owners: dict[str, str] = {}  # family key -> logged name
-        self._decided: dict[str, tuple[str | None, DropReason | None]] = {}
+        self.decided: dict[str, tuple[str | None, DropReason | None]] = {}
+        """The decisions made so far, by logged name (read it before calling :meth:`resolve`)."""
         self.collisions: dict[tuple[str, str], Collision] = {}
         """Every collision seen, by (family, dropped name)."""
 
     def resolve(self, metric: str) -> tuple[str | None, DropReason | None]:
         """(family, None) for a name that is exported, (None, why) for one that is not."""
-        decided = self._decided.get(metric)
+        decided = self.decided.get(metric)
         if decided is None:
-            if len(self._decided) >= MAX_DECISIONS:
-                self._decided.clear()
+            if len(self.decided) >= MAX_DECISIONS:
+                self.decided.clear()
             decided = self._decide(metric)
-            self._decided[metric] = decided
+            self.decided[metric] = decided
         return decided
 
     def _decide(self, metric: str) -> tuple[str | None, DropReason | None]:
+        if len(metric) > self.max_chars:  # the worker refuses such events
+            return None, "invalid"
         if self._allow and not any(fnmatch.fnmatchcase(metric, p) for p in self._allow):
             return None, "not_allowed"
         part = sanitise(metric)
@@ -138,4 +148,4 @@ class FamilyNames:
         """Forget the owners of ``families`` (they have no series left) and every decision."""
         for family in families:
             self._owners.pop(family_key(family), None)
-        self._decided.clear()
+        self.decided.clear()

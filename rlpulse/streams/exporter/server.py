@@ -1,11 +1,12 @@
 """The exporter process: wait for Kafka, serve /metrics, read the topics, forward alerts.
 
-Threads: the main one reads Kafka and updates the state; prometheus-client's HTTP server
-renders it at each scrape; one measures consumer lag every ``lag_interval_s``; one posts
-alerts to Alertmanager. They share the state under one lock, held while records are applied
-and while a scrape builds its families (never during I/O). Start-up waits for Kafka and the
-topics like the worker (:mod:`rlpulse.transport.readiness`); after that, Kafka or
-Alertmanager being away never stops it: /metrics keeps serving the last values.
+Threads: the main one reads Kafka and updates the state; the HTTP server
+(:mod:`~rlpulse.streams.exporter.http`) renders it at each scrape; one measures consumer lag
+every ``lag_interval_s``; one posts alerts to Alertmanager. They share the state under one
+lock, held while records are applied and while a scrape builds its families (never during
+I/O). Start-up waits for Kafka and the topics like the worker
+(:mod:`rlpulse.transport.readiness`); after that, Kafka or Alertmanager being away never
+stops it: /metrics keeps serving the last values.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ import logging
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import cast
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector
 
-from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary, TrainerEvent
+from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
 from rlpulse.settings import Settings
 from rlpulse.streams.exporter.alerts import AlertForwarder, command_alert
 from rlpulse.streams.exporter.collector import ExporterCollector, reserved_names
 from rlpulse.streams.exporter.consumer import Incoming, TopicReader
 from rlpulse.streams.exporter.exceptions import ExporterError
+from rlpulse.streams.exporter.http import MetricsServer
 from rlpulse.streams.exporter.lag import LagProbe
 from rlpulse.streams.exporter.state import ExporterState
 from rlpulse.transport.exceptions import TopicError
@@ -64,7 +66,7 @@ class Exporter:
         self.port: int | None = None
         """The port /metrics listens on, once started."""
         self._stop = threading.Event()
-        self._server: WSGIServer | None = None
+        self._server: MetricsServer | None = None
         self._lag_thread: threading.Thread | None = None
 
     def start(self, say: Say) -> None:
@@ -79,15 +81,12 @@ class Exporter:
             say,
         )
         try:
-            server, _thread = start_http_server(
-                exporter.port, addr=exporter.host, registry=self.registry
-            )
+            self._server = MetricsServer(self.registry, exporter.host, exporter.port)
         except OSError as exc:
             raise ExporterError(
                 f"cannot serve /metrics on {exporter.host}:{exporter.port}: {exc.strerror or exc}"
             ) from None
-        self._server = server
-        self.port = server.server_port
+        self.port = self._server.port
         say(
             f"exporter {self.settings.exporter_group}: /metrics on "
             f"http://{exporter.host}:{self.port}/metrics; reading {backlog} records of lookback "
@@ -142,19 +141,19 @@ class Exporter:
         forwarding = self.forwarder is not None
         oldest_ns = time.time_ns() - round(exporter.alert_ttl_s * 1e9)
         state = self.state
+        read: Counter[str] = Counter()
         with self.lock:
-            for item in batch:
-                state.messages[item.role] += 1
-                record = item.record
+            for role, record, live in batch:
+                read[role] += 1
                 if record is None:
-                    state.undecodable[item.role] += 1
-                elif item.role == "events":
-                    state.add_event(cast(TrainerEvent, record), item.live)
-                elif item.role == "steps":
+                    state.undecodable[role] += 1
+                elif role == "events":
+                    state.add_event(record, live)  # type: ignore[arg-type]
+                elif role == "steps":
                     state.add_summary(cast(StepSummary, record))
-                elif item.role == "control":
+                elif role == "control":
                     command = cast(ControlCommand, record)
-                    state.add_command(command, item.live)
+                    state.add_command(command, live)
                     # A command from the lookback is posted again while its alert would still
                     # be active: Alertmanager deduplicates it, and one missed while the
                     # exporter was down still gets out.
@@ -162,10 +161,11 @@ class Exporter:
                         alert = command_alert(command, exporter)
                         if alert is not None:
                             alerts.append(alert)
-                elif item.role == "acks":
-                    state.add_ack(cast(CommandAck, record), item.live)
+                elif role == "acks":
+                    state.add_ack(cast(CommandAck, record), live)
                 else:
-                    state.add_dead_letter(cast(str, record), item.live)
+                    state.add_dead_letter(cast(str, record), live)
+            state.messages.update(read)
         return alerts
 
     def _count_notification(self, outcome: str, alerts: int) -> None:
@@ -186,8 +186,7 @@ class Exporter:
         self._stop.set()
         self.reader.close()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
         if self.forwarder is not None:
             self.forwarder.close()
         if self._lag_thread is not None:

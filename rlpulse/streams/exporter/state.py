@@ -7,9 +7,10 @@ rebuilt from the lookback; counters (commands, acks, events per host, dead lette
 only live records, so a restart never counts a record twice (Prometheus sees a counter reset,
 not a jump). Time comes in as ``now_ns`` where it matters (expiry).
 
-Latest means: per series, the record of the newest (attempt, step) — a resumed attempt
-overrides its run's older values, a late or replayed event for an older step does not; a
-summary revision replaces the one before it for the same step.
+Latest means: per rank and stage, the event of the newest (attempt, step) — a resumed attempt
+overrides its run's older values, a late or replayed event for an older step does not (a
+producer's events arrive in order, so that is only ever a duplicate); per stage, the summary
+of the newest step, a revision replacing the one before it.
 
 Bounded: a run's series go ``expire_ended_s`` after its ``run_end`` or ``expire_silent_s``
 after its last record (the records' own timestamps); per-rank series can be limited to an
@@ -33,7 +34,13 @@ from rlpulse.schemas.records import (
     StepSummary,
     TrainerEvent,
 )
-from rlpulse.schemas.validation import event_problem
+from rlpulse.schemas.validation import (
+    count_problem,
+    name_problem,
+    position_problem,
+    run_problem,
+    stage_problem,
+)
 from rlpulse.settings import EventLimits, ExporterSettings
 from rlpulse.streams.exporter.naming import DropReason, FamilyNames
 
@@ -45,6 +52,7 @@ __all__ = [
     "ExporterState",
     "LagKey",
     "RankKey",
+    "RankRow",
     "RunState",
     "StageState",
     "SummaryStats",
@@ -52,7 +60,7 @@ __all__ = [
 ]
 
 RankKey = tuple[str, str, str]
-"""Labels of a per-rank series: run, stage, rank."""
+"""A rank's row of per-rank series: run, stage, rank."""
 LagKey = tuple[str, str, int]
 """A consumer group, topic and partition."""
 
@@ -73,6 +81,18 @@ DEAD_LETTER_KINDS: Final = ("undecodable", "invalid", "too_large", "too_late", "
 def command_rule(command: ControlCommand) -> str:
     """The ``rule`` label of a command: its rule id, or ``operator``."""
     return command["rule_id"] or OPERATOR_RULE
+
+
+@dataclass(slots=True)
+class RankRow:
+    """The latest values one rank logged for one stage of a run."""
+
+    labels: dict[str, str]
+    """``run``, ``stage`` and ``rank``: the labels of every sample of the row (shared)."""
+    attempt: int
+    step: int
+    values: dict[str, float] = field(default_factory=dict)
+    """Per-rank family -> latest value."""
 
 
 @dataclass
@@ -125,8 +145,8 @@ class RunState:
     stopped: tuple[int, str] | None = None
     """(attempt, rule) of the first stop command of the run's newest attempt."""
     stages: dict[str, StageState] = field(default_factory=dict)
-    families: set[str] = field(default_factory=set)
-    """Per-rank families holding series of this run."""
+    rows: set[RankKey] = field(default_factory=set)
+    """The run's rows of per-rank series."""
     commands: Counter[tuple[str, str, bool]] = field(default_factory=Counter)
     """Live commands by (rule, action type, dry run)."""
     acks: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -153,11 +173,16 @@ class ExporterState:
     ) -> None:
         self.settings = settings
         self.limits = limits if limits is not None else EventLimits()
-        self.names = FamilyNames(settings.namespace, settings.allow_metrics, reserved)
-        self.families: dict[str, dict[RankKey, list[float | int]]] = {}
-        """Per-rank family -> series -> [value, attempt, step]."""
+        self.names = FamilyNames(
+            settings.namespace, settings.allow_metrics, reserved, self.limits.max_name_chars
+        )
+        self.rows: dict[RankKey, RankRow] = {}
+        """Per-rank series, a row per (run, stage, rank)."""
         self.family_help: dict[str, str] = {}
-        """Per-rank family -> the logged name that feeds it (for its HELP text)."""
+        """Per-rank family -> the logged name that feeds it (for its HELP text), in the order
+        the families appeared."""
+        self.family_series: dict[str, int] = {}
+        """Per-rank family -> how many rows hold a value of it."""
         self.runs: dict[str, RunState] = {}
         self.dead_letters: Counter[str] = Counter(dict.fromkeys(DEAD_LETTER_KINDS, 0))
         """Live dead letters by the kind of their reason (``undecodable``, ``invalid``...).
@@ -178,6 +203,7 @@ class ExporterState:
         """Whether the last consumer-lag measurement got an answer from Kafka."""
         self.rank_series = 0
         self.summary_metrics = 0
+        self._good_stages: set[str] = set()
 
     @property
     def series(self) -> int:
@@ -194,12 +220,16 @@ class ExporterState:
 
     def add_event(self, event: TrainerEvent, live: bool) -> None:
         """A TrainerEvent: per-rank gauges, the run's liveness and events per host."""
-        problem = event_problem(event, self.limits)
-        if problem is not None:
+        run = self.runs.get(event["run_id"])
+        if run is None:
+            if run_problem(event["run_id"], event["attempt"], self.limits) is not None:
+                self.dropped["invalid"] += 1
+                return
+            run = self.runs[event["run_id"]] = RunState()
+        timestamp, attempt, kind = event["timestamp_ns"], event["attempt"], event["kind"]
+        if kind in ("metrics", "log") and self._placement_problem(event):
             self.dropped["invalid"] += 1
             return
-        run = self._run(event["run_id"])
-        timestamp, attempt, kind = event["timestamp_ns"], event["attempt"], event["kind"]
         run.seen(timestamp)
         run.last_event_ns = max(run.last_event_ns, timestamp)
         if attempt > run.attempt:
@@ -214,30 +244,55 @@ class ExporterState:
         if event["metrics"] and attempt == run.attempt:
             self._add_rank_values(run, event)
 
+    def _placement_problem(self, event: TrainerEvent) -> bool:
+        """Whether the worker would dead-letter this metrics or log event.
+
+        :func:`~rlpulse.schemas.validation.event_problem`'s checks that the Avro schema does
+        not already make (field types): position, stage, counts and name lengths, the stage's
+        checked once. A metric name that is too long drops that metric only (the exporter
+        decides per name, and caches it); the worker refuses the whole event.
+        """
+        limits = self.limits
+        stage = event["stage"]
+        if stage not in self._good_stages:
+            if stage_problem(stage) or name_problem(stage, limits):
+                return True
+            self._good_stages.add(stage)
+        tags = event["tags"]
+        return bool(
+            position_problem(event["step"], event["rank"], event["world_size"], limits)
+            or count_problem(len(event["metrics"]), len(tags), limits)
+            or name_problem(event["producer_id"], limits)
+            or (tags and name_problem(max((*tags, *tags.values()), key=len), limits))
+        )
+
     def _add_rank_values(self, run: RunState, event: TrainerEvent) -> None:
         key: RankKey = (event["run_id"], event["stage"], str(event["rank"]))
         attempt, step = event["attempt"], event["step"]
-        resolve, families, dropped = self.names.resolve, self.families, self.dropped
-        cap = self.settings.max_series
+        row = self.rows.get(key)
+        if row is None:
+            labels = {"run": key[0], "stage": key[1], "rank": key[2]}
+            row = self.rows[key] = RankRow(labels, attempt, step)
+            run.rows.add(key)
+        elif attempt < row.attempt or (attempt == row.attempt and step < row.step):
+            return
+        row.attempt, row.step = attempt, step
+        values, decided, resolve = row.values, self.names.decided, self.names.resolve
         for metric, value in event["metrics"].items():
-            family, reason = resolve(metric)
+            family, reason = decided.get(metric) or resolve(metric)
             if family is None:
-                dropped[reason or "invalid"] += 1
-                continue
-            series = families.get(family)
-            if series is None:
-                series = families[family] = {}
-                self.family_help[family] = metric
-            current = series.get(key)
-            if current is None:
-                if self.series >= cap:
-                    dropped["cap"] += 1
-                    continue
-                series[key] = [value, attempt, step]
+                self.dropped[reason or "invalid"] += 1
+            elif family in values:
+                values[family] = value
+            elif self.series >= self.settings.max_series:
+                self.dropped["cap"] += 1
+            else:
+                values[family] = value
                 self.rank_series += 1
-                run.families.add(family)
-            elif attempt > current[1] or (attempt == current[1] and step >= current[2]):
-                current[0], current[1], current[2] = value, attempt, step
+                known = self.family_series.get(family)
+                if known is None:
+                    self.family_help[family] = metric
+                self.family_series[family] = (known or 0) + 1
 
     def add_summary(self, summary: StepSummary) -> None:
         """A StepSummary: the across-ranks statistics of its stage's latest step."""
@@ -347,16 +402,14 @@ class ExporterState:
         emptied: list[str] = []
         for run_id in gone:
             run = self.runs.pop(run_id)
-            for family in run.families:
-                series = self.families[family]
-                doomed = [key for key in series if key[0] == run_id]
-                for key in doomed:
-                    del series[key]
-                self.rank_series -= len(doomed)
-                if not series:
-                    del self.families[family]
-                    del self.family_help[family]
-                    emptied.append(family)
+            for key in run.rows:
+                row = self.rows.pop(key)
+                self.rank_series -= len(row.values)
+                for family in row.values:
+                    self.family_series[family] -= 1
+                    if not self.family_series[family]:
+                        del self.family_series[family], self.family_help[family]
+                        emptied.append(family)
             self.summary_metrics -= sum(len(stage.metrics) for stage in run.stages.values())
         if emptied:
             self.names.release(emptied)
