@@ -44,13 +44,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, Producer
-from rlpulse.local.broker import bootstrap_or_local_broker
-from rlpulse.transport.topics import ensure_topics
-from rlpulse.local.worker_process import WorkerProcess
 
+from rlpulse.local.broker import bootstrap_or_local_broker
+from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger, Settings
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
+from rlpulse.transport import clients as transport_clients
+from rlpulse.transport.topics import ensure_topics
 
 PARTITIONS = 6
 
@@ -113,7 +114,7 @@ def consumer(bootstrap: str, topic: str) -> Consumer:
 
 def trainer_producer(bootstrap: str) -> Producer:
     """A producer with the settings EventLogger uses (batching, compression)."""
-    return Producer(Settings(bootstrap=bootstrap).producer_settings())
+    return transport_clients.trainer_producer(Settings(bootstrap=bootstrap), "benchmark")
 
 
 def kafka_roundtrip(bootstrap: str, samples: int) -> list[float]:
@@ -231,17 +232,16 @@ class ProfiledWorker(WorkerProcess):
 def bare_agent_main(bootstrap: str, prefix: str, expect: int, done_file: str) -> None:
     """Child process: decode ``expect`` events of ``<prefix>.events``, then write the time."""
     import faust
-    from rlpulse.streams.settings import WorkerSettings
 
+    from rlpulse.settings import WorkerSettings
     from rlpulse.streams.app import batches, faust_app
 
-    settings = WorkerSettings(
-        bootstrap=bootstrap,
-        prefix=prefix,
+    worker = WorkerSettings(
         app_id=f"{prefix}-bare",
         partitions=PARTITIONS,
-        data_dir=str(Path(done_file).parent / f"{prefix}-bare-data"),
+        data_dir=Path(done_file).parent / f"{prefix}-bare-data",
     )
+    settings = Settings(bootstrap=bootstrap, prefix=prefix, worker=worker)
     app = faust_app(settings)
     codec = default_codec()
     decoded = 0
@@ -258,7 +258,7 @@ def bare_agent_main(bootstrap: str, prefix: str, expect: int, done_file: str) ->
             if decoded >= expect:
                 Path(done_file).write_text(json.dumps([*first, time.time()]))
 
-    topic = app.topic(settings.topics.events, key_type=bytes, value_type=bytes)
+    topic = app.topic(Topics(prefix).events, key_type=bytes, value_type=bytes)
     app.agent(topic, name="bench.decode")(decode_only)
     faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
 
@@ -424,10 +424,12 @@ class BackgroundLoad(threading.Thread):
         self.producer.flush(30)
 
 
-def probe(run_id: str, ranks: int, config: Settings, reader: Consumer) -> float | None:
+def probe(run_id: str, ranks: int, settings: Settings, reader: Consumer) -> float | None:
     """Milliseconds from a kl-guard run's firing event to its command; None after 30 s."""
     codec = default_codec()
-    loggers = [EventLogger(run_id, rank=r, world_size=ranks, settings=settings) for r in range(ranks)]
+    loggers = [
+        EventLogger(run_id, rank=r, world_size=ranks, settings=settings) for r in range(ranks)
+    ]
     for step in (1, 2, 3):
         for logger in loggers:
             logger.log({"kl_divergence": 0.5}, step=step, stage="actor")
@@ -470,12 +472,12 @@ def command_latency(
         while not reader.assignment():
             reader.poll(0.1)
         # the first probe waits for the worker to finish starting (table recovery)
-        probe("warm-up", load.ranks, config, reader)
+        probe("warm-up", load.ranks, settings, reader)
         loader.start()
         time.sleep(3.0)  # let the worker reach its steady state under the load
         cpu = CpuShare(worker)
         for sample in range(samples):
-            latency = probe(f"lat-{sample}", load.ranks, config, reader)
+            latency = probe(f"lat-{sample}", load.ranks, settings, reader)
             if latency is not None:
                 latencies.append(latency)
             if loader.is_alive():
@@ -522,7 +524,9 @@ def main() -> None:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))
     load = Load(args.runs, args.ranks, args.metrics, label="run")
-    with bootstrap_or_local_broker(Settings(), Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))) as bootstrap:
+    with bootstrap_or_local_broker(
+        Settings(), Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))
+    ) as bootstrap:
         if args.profile is not None:
             profile_worker(bootstrap, load, args.steps, workdir, args.profile)
             return

@@ -12,10 +12,19 @@ starts its producer there) and left out of the percentiles. Scenarios:
 - ``rlpulse`` with the broker down and a 0.5 s delivery timeout, timed once the logger
   is in spool mode: ``log()`` hands events to the delivery thread, which writes them
   to the spool while the calls are timed;
-- ``wandb`` offline (``wandb.init(mode="offline")``, ``wandb.log(d, step=...)``).
+- ``wandb`` offline (``wandb.init(mode="offline")``, ``wandb.log(d, step=...)``);
+- ``control_poll``: ``ControlClient.poll()`` while its start-up cannot reach the broker
+  (what a training loop pays per step when Kafka is down), a ``poll(timeout_s=0.3)`` and
+  the ``close()`` after it.
 
 Prints one JSON object per line, then the ratios wandb/rlpulse and the two targets:
 rlpulse p50 at most a tenth of wandb's, and p99 under 1 ms with the broker down.
+
+``--baseline DIR`` first runs the benchmark of another source tree (an earlier commit
+checked out in DIR: its own copy of this script against its own rlpulse) and prints its
+lines with ``"code": "baseline"``, so that one run compares the two; ``--rounds N``
+alternates the two N times, so that a machine that gets busier during the run shows as
+noise in both rather than as a difference between them.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -33,10 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from rlpulse.local.broker import bootstrap_or_local_broker
-from rlpulse.transport.topics import ensure_topics
-
-from rlpulse.producers import EventLogger, Settings
+from rlpulse.producers import ControlClient, EventLogger, Settings
 from rlpulse.schemas.topics import Topics
+from rlpulse.transport.topics import ensure_topics
 
 UNREACHABLE = "127.0.0.1:1"
 
@@ -76,7 +86,7 @@ def running_broker() -> AbstractContextManager[str]:
 
 
 def bench_rlpulse(
-    scenario: str, config: Settings, metrics: dict[str, float], calls: int
+    scenario: str, settings: Settings, metrics: dict[str, float], calls: int
 ) -> dict[str, float]:
     logger = EventLogger(f"bench-{uuid.uuid4().hex[:8]}", settings=settings)
     if scenario == "down_spooling":  # wait until the first events timed out: spool mode
@@ -112,27 +122,76 @@ def bench_wandb(metrics: dict[str, float], calls: int, directory: Path) -> dict[
     return figures
 
 
+def run_baseline(tree: Path, calls: int, metric_count: int) -> None:
+    """Run ``tree``'s copy of this benchmark against ``tree``'s rlpulse; re-print its lines."""
+    script = tree / "benchmarks" / "producer_overhead.py"
+    command = [sys.executable, str(script), "--calls", str(calls), "--metrics", str(metric_count)]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        command, cwd=tree, env=env, capture_output=True, text=True, timeout=1800, check=False
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            print(json.dumps({**json.loads(line), "code": "baseline"}), flush=True)
+    if done.returncode != 0:
+        emit("baseline", error=done.stderr.strip().splitlines()[-1:], code=str(tree))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--metrics", type=int, default=20)
+    parser.add_argument("--baseline", type=Path, default=None, help="an earlier source tree")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="alternate baseline and this tree this many times"
+    )
     args = parser.parse_args()
-    metrics = {f"metric_{i:02d}": 0.5 + i for i in range(args.metrics)}
+    for round_index in range(args.rounds):
+        if args.baseline is not None:
+            run_baseline(args.baseline, args.calls, args.metrics)
+        emit("round", index=round_index)
+        measure(args.calls, args.metrics)
+
+
+def bench_poll_broker_down(calls: int) -> None:
+    """How long ``ControlClient.poll()`` takes while its start-up cannot reach the broker."""
+    client = ControlClient(
+        f"bench-{uuid.uuid4().hex[:8]}", settings=Settings(bootstrap=UNREACHABLE)
+    )
+    figures = timed_calls(lambda _step: client.poll(), calls)
+    start = time.perf_counter()
+    client.poll(timeout_s=0.3)
+    waited = time.perf_counter() - start
+    start = time.perf_counter()
+    client.close()
+    emit(
+        "control_poll",
+        broker="down",
+        **figures,
+        poll_timeout_0_3_s_took_s=round(waited, 3),
+        close_s=round(time.perf_counter() - start, 3),
+    )
+
+
+def measure(calls: int, metric_count: int) -> None:
+    """One round of every scenario of this tree."""
+    metrics = {f"metric_{i:02d}": 0.5 + i for i in range(metric_count)}
+    bench_poll_broker_down(min(calls, 2_000))
     work = Path(tempfile.mkdtemp(prefix="rlpulse-overhead-"))
     spool = work / "spool"
     results: dict[str, dict[str, float]] = {}
     with running_broker() as bootstrap:
         topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
         ensure_topics(Settings(bootstrap=bootstrap), topics, partitions=3)
-        up = Settings(
-            bootstrap=bootstrap, prefix=topics.prefix, spool_dir=spool
+        up = Settings(bootstrap=bootstrap, prefix=topics.prefix).updated(
+            {"producer.spool_dir": spool}
         )
-        results["up"] = bench_rlpulse("up", up, metrics, args.calls)
-    down = Settings(bootstrap=UNREACHABLE, spool_dir=spool)
-    results["down"] = bench_rlpulse("down", down, metrics, args.calls)
-    spooling = down.model_copy(update={"delivery_timeout_s": 0.5})
-    results["down_spooling"] = bench_rlpulse("down_spooling", spooling, metrics, args.calls)
-    wandb_figures = bench_wandb(metrics, args.calls, work / "wandb")
+        results["up"] = bench_rlpulse("up", up, metrics, calls)
+    down = Settings(bootstrap=UNREACHABLE).updated({"producer.spool_dir": spool})
+    results["down"] = bench_rlpulse("down", down, metrics, calls)
+    spooling = down.updated({"producer.delivery_timeout_s": 0.5})
+    results["down_spooling"] = bench_rlpulse("down_spooling", spooling, metrics, calls)
+    wandb_figures = bench_wandb(metrics, calls, work / "wandb")
     if wandb_figures is not None:
         for scenario, figures in results.items():
             ratio = wandb_figures["p50_us"] / figures["p50_us"]

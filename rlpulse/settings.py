@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_PREFIX",
     "ENV_PREFIX",
+    "BrokerSettings",
     "EventLimits",
     "ExporterSettings",
     "JoinerSettings",
@@ -287,6 +288,18 @@ class ExporterSettings(_Section):
         return value
 
 
+class BrokerSettings(_Section):
+    """The local Kafka broker that ``rlpulse broker up`` runs on 127.0.0.1."""
+
+    port: int = Field(
+        default=9092,
+        ge=0,
+        le=65534,
+        description="Client port (the controller uses port + 1); 0 picks free ports.",
+    )
+    heap: str = Field(default="1g", pattern=r"^\d+[kmg]$", description="The JVM's -Xmx.")
+
+
 class Settings(BaseSettings):
     """The root of the settings tree; see the module docstring for where values come from."""
 
@@ -314,6 +327,7 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Extra librdkafka properties for every confluent-kafka client (merged last).",
     )
+    broker: BrokerSettings = BrokerSettings()
     limits: EventLimits = EventLimits()
     producer: ProducerSettings = ProducerSettings()
     worker: WorkerSettings = WorkerSettings()

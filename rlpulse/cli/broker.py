@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from rlpulse.cli.common import ConfigFile, one_line_errors, out, say, settings
-from rlpulse.local.broker import DEFAULT_PORT, LocalBroker
+from rlpulse.local.broker import LocalBroker
 
 broker_app = typer.Typer(
     help="A local Apache Kafka broker (KRaft) on 127.0.0.1.", no_args_is_help=True
@@ -24,13 +24,14 @@ StateDir = Annotated[
 @one_line_errors
 def broker_up(
     port: Annotated[
-        int, typer.Option(help="Client port; the controller uses port + 1.")
-    ] = DEFAULT_PORT,
+        int | None,
+        typer.Option(help="Client port, the controller's is port + 1 (default: 9092; 0: free)."),
+    ] = None,
     state_dir: StateDir = None,
     config: ConfigFile = None,
 ) -> None:
     """Start the local broker (or report the running one)."""
-    broker = LocalBroker(settings(config), state_dir=state_dir, port=port)
+    broker = LocalBroker(settings(config, {"broker.port": port}), state_dir=state_dir)
     info = broker.up(progress=lambda message: say(f"{message}…"))
     out.print(f"Kafka {info.kafka_version} is up at [bold]{info.bootstrap}[/] (pid {info.pid})")
 

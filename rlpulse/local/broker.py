@@ -30,9 +30,8 @@ from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import BrokerRecord, pid_alive
 from rlpulse.transport.clients import new_admin
 
-__all__ = ["DEFAULT_PORT", "KafkaJars", "LocalBroker", "bootstrap_or_local_broker", "tail"]
+__all__ = ["KafkaJars", "LocalBroker", "bootstrap_or_local_broker", "tail"]
 
-DEFAULT_PORT = 9092
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 15
@@ -145,24 +144,23 @@ class KafkaJars:
 class LocalBroker:
     """One local Kafka broker whose files live in ``state_dir``.
 
-    ``port=0`` picks free ports (what tests use); otherwise the broker listens on
-    ``port`` and its controller on ``port + 1``.
+    ``port`` (default: ``broker.port``, 9092) ``=0`` picks free ports (what tests use);
+    otherwise the broker listens on ``port`` and its controller on ``port + 1``.
     """
 
     def __init__(
         self,
         settings: Settings,
         state_dir: Path | None = None,
-        port: int = DEFAULT_PORT,
+        port: int | None = None,
         overrides: Mapping[str, str] | None = None,
-        heap: str = "1g",
     ) -> None:
         self.settings = settings
         self.cache_dir = settings.home
         self.state_dir = state_dir if state_dir is not None else settings.home / "broker"
-        self.port = port
+        self.port = settings.broker.port if port is None else port
         self.overrides = dict(overrides or {})
-        self.heap = heap
+        self.heap = settings.broker.heap
 
     @property
     def state_file(self) -> Path:

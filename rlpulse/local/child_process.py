@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -23,9 +24,13 @@ def free_port() -> int:
 class ChildProcess:
     """Starts :meth:`command` in a child process (output to ``log_file``), stops it by signal."""
 
-    def __init__(self, log_file: Path) -> None:
+    def __init__(self, log_file: Path, env: Mapping[str, str] | None = None) -> None:
         self.log_file = log_file
+        self.env = dict(env or {})
+        """Environment variables for the child on top of this process's (``RLPULSE_*``...)."""
         self.process: subprocess.Popen[bytes] | None = None
+        self.killed_after_timeout = False
+        """Whether the last :meth:`stop` had to SIGKILL because the signal did not end it."""
 
     def command(self) -> list[str]:
         """The command line of the child."""
@@ -41,7 +46,7 @@ class ChildProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         return self
 
@@ -50,7 +55,10 @@ class ChildProcess:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
-        """Send ``sig``; after ``timeout_s`` without exit, SIGKILL. Returns the exit code."""
+        """Send ``sig``; after ``timeout_s`` without exit, SIGKILL. Returns the exit code.
+
+        :attr:`killed_after_timeout` tells whether the SIGKILL was needed.
+        """
         if self.process is None:
             return None
         if self.process.poll() is None:
@@ -58,6 +66,7 @@ class ChildProcess:
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                self.killed_after_timeout = True
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode

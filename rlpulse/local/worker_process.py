@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from rlpulse.local.broker import tail
@@ -28,8 +29,9 @@ class WorkerProcess(ChildProcess):
         grace_s: float = 30.0,
         extra_args: tuple[str, ...] = (),
         data_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(log_file)
+        super().__init__(log_file, env)
         self.bootstrap = bootstrap
         self.prefix = prefix
         self.rules = rules

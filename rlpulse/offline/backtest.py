@@ -329,7 +329,7 @@ def infer_attempts(items: Iterable[Recorded]) -> Iterator[Recorded]:
         yield item if item.attempt_given else item.with_attempt(attempt)
 
 
-# -- replay ----------------------------------------------------------------------------------
+# -- backtest --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """The per-rank JSON Lines layout ``logs/<component>_rank<N>.jsonl``: writer and reader.
 
+A file named just ``rank<N>.jsonl`` belongs to the component ``trainer`` (the seed's
+naming supports both ``rank0.jsonl`` and ``rollout_rank1.jsonl``).
+
 One file per (component, rank), one JSON object per line, metrics at the top level next to
 the line's bookkeeping fields::
 
@@ -37,8 +40,10 @@ from types import TracebackType
 from typing import Any, Final, TypeGuard
 
 from rlpulse.schemas.records import TrainerEvent
+from rlpulse.schemas.validation import stage_problem
 
 __all__ = [
+    "DEFAULT_COMPONENT",
     "EVENT_FIELDS",
     "MalformedLine",
     "RankFile",
@@ -56,7 +61,9 @@ __all__ = [
 EVENT_FIELDS: Final = frozenset(TrainerEvent.__required_keys__ | TrainerEvent.__optional_keys__)
 """Names that are never metrics in a per-rank line: the fields of a TrainerEvent."""
 
-_RANK_FILE = re.compile(r"(?P<component>.+)_rank(?P<rank>\d+)\.jsonl")
+_RANK_FILE = re.compile(r"(?:(?P<component>.+)_)?rank(?P<rank>\d+)\.jsonl")
+DEFAULT_COMPONENT: Final = "trainer"
+"""The component of a file named ``rank<N>.jsonl``."""
 _SHOWN_CHARS = 120  # of a malformed line, in its report
 
 
@@ -137,7 +144,7 @@ def list_rank_files(directory: str | os.PathLike[str]) -> list[RankFile]:
         found = _RANK_FILE.fullmatch(path.name)
         if found is None or not path.is_file():
             continue
-        key = (found["component"], int(found["rank"]))
+        key = (found["component"] or DEFAULT_COMPONENT, int(found["rank"]))
         if key in files:
             raise ValueError(
                 f"{files[key].path.name} and {path.name} are both rank {key[1]} of {key[0]!r}"
@@ -163,7 +170,8 @@ class RankLogWriter:
 
     Write all metrics of one (stage, step) in one call: a reader without an ``attempt``
     field reads a step at or below the last one of the same stage and rank as the start of
-    a resumed attempt (DESIGN.md, "Attempts").
+    a resumed attempt (docs/design.md, "Attempts"). Every line carries the ``timestamp_ns``,
+    ``hostname`` and ``pid`` of the process that wrote it.
     """
 
     def __init__(
@@ -181,6 +189,7 @@ class RankLogWriter:
         self.component = component
         self.rank = rank
         self.hostname = socket.gethostname() if hostname is None else hostname
+        self.pid = os.getpid()
         self.path = rank_log_path(directory, component, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -203,8 +212,9 @@ class RankLogWriter:
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
-        if not isinstance(stage, str) or not stage or "|" in stage:
-            raise ValueError(f"stage must be a non-empty str without '|', got {stage!r}")
+        problem = stage_problem(stage)
+        if problem is not None:
+            raise ValueError(problem.detail)
         line: dict[str, Any] = {"stage": stage, "step": step, "rank": self.rank}
         for name, value in metrics.items():
             if not isinstance(name, str) or name in EVENT_FIELDS:
@@ -220,6 +230,7 @@ class RankLogWriter:
             raise ValueError(f"timestamp_ns must be an int (ns since the epoch), got {timestamp!r}")
         line["timestamp_ns"] = time.time_ns() if timestamp is None else timestamp
         line["hostname"] = extra.pop("hostname", self.hostname)
+        line["pid"] = extra.pop("pid", self.pid)
         line.update(extra)
         text = json.dumps(line, separators=(",", ":")) + "\n"
         with self._lock:
@@ -375,8 +386,9 @@ def _rank_line_problem(fields: dict[str, Any], file: RankFile) -> str | None:
     step, stage, rank = fields.get("step"), fields.get("stage"), fields.get("rank")
     if not _is_int(step) or step < 0:
         return f"step must be an int >= 0, got {step!r}"
-    if stage is not None and (not isinstance(stage, str) or not stage or "|" in stage):
-        return f"stage must be a non-empty string without '|', got {stage!r}"
+    problem = None if stage is None else stage_problem(stage)
+    if problem is not None:
+        return problem.detail
     if rank is not None and rank != file.rank:
         return f"rank {rank!r} in the file of rank {file.rank}"
     timestamp = fields.get("timestamp_ns")

@@ -1,7 +1,7 @@
 """Exact reductions shared by the step joiner, the rule evaluator and the backtest.
 
-DESIGN.md fixes the arithmetic so that every component computes bit-identical values:
-``mean = fsum(x) / n``, ``var = fsum((x - mean)^2) / n`` (population), ``std = sqrt(var)``.
+docs/design.md ("Rules") fixes the arithmetic so that every component computes
+bit-identical values: ``mean = fsum(x) / n``, ``var = fsum((x - mean)^2) / n`` (population), ``std = sqrt(var)``.
 Any NaN input gives NaN; for ``var``/``std``/``zscore``/``slope`` any infinite input gives
 NaN as well; ``sum``/``mean``/``min``/``max`` follow IEEE arithmetic for infinities.
 

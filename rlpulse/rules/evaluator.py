@@ -3,7 +3,7 @@
 :class:`RuleEngine` holds only the rules. The state of a run attempt is a plain dict (see
 :mod:`rlpulse.rules.state`) that the caller keeps -- a faust Table in the worker, a dict in
 the backtest -- and hands back with the next summary of that run attempt. The semantics are
-those of DESIGN.md, "Rules"; :meth:`_RuleEvaluator.evaluate` holds the per-rule part.
+those of docs/design.md, "Rules"; :meth:`_RuleEvaluator.evaluate` holds the per-rule part.
 """
 
 from __future__ import annotations

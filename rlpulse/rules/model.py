@@ -1,4 +1,4 @@
-"""The rules file as frozen, validated pydantic models: the DSL of DESIGN.md.
+"""The rules file as frozen, validated pydantic models: the language of docs/design.md, "Rules".
 
 A file is ``RuleSet(version=1, rules=[Rule, ...])``. ``Rule.when`` is parsed into a
 :data:`Condition`; each action is a one-key mapping (``{stop: {}}``) whose key names an

@@ -22,10 +22,11 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from rlpulse.producers import ControlClient, EventLogger, Settings
+from rlpulse.producers import ControlClient, EventLogger
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
 from rlpulse.schemas.topics import Topics
+from tests.kafka import settings_at
 
 RANKS = 4
 STEPS = 60
@@ -51,7 +52,7 @@ class ScriptedRun:
 
     def __init__(self, bootstrap: str, topics: Topics, run_id: str | None = None) -> None:
         self.run_id = run_id or f"run-{uuid.uuid4().hex[:8]}"
-        self.settings = Settings(bootstrap=bootstrap, prefix=topics.prefix)
+        self.settings = settings_at(bootstrap, topics)
         self.ranks = [
             EventLogger(self.run_id, rank=rank, world_size=RANKS, settings=self.settings)
             for rank in range(RANKS)
@@ -59,26 +60,33 @@ class ScriptedRun:
         self.control = ControlClient(self.run_id, settings=self.settings)
         self.received: list[ControlCommand] = []
 
-    def log_steps(self, steps: Iterable[int]) -> None:
+    def log_steps(self, steps: Iterable[int], ranks: Iterable[int] = range(RANKS)) -> None:
+        """Log ``steps`` on ``ranks`` (default: all) and wait until the broker has them."""
+        chosen = list(ranks)
         for step in steps:
-            for rank, logger in enumerate(self.ranks):
+            for rank in chosen:
+                logger = self.ranks[rank]
                 logger.log(
                     {"reward_mean": reward(step), "rank_time_s": 1.0 + rank}, step, "rollout"
                 )
                 logger.log({"kl_divergence": kl(step)}, step, "actor")
-        for logger in self.ranks:
-            assert logger.flush(timeout_s=30.0) == 0
+        for rank in chosen:
+            assert self.ranks[rank].flush(timeout_s=30.0) == 0
 
     def receive_commands(self, want: int, timeout_s: float, settle_s: float = 3.0) -> None:
-        """Poll and ack until ``want`` commands arrived, then poll ``settle_s`` more for extras."""
+        """Poll and ack until ``want`` commands arrived (at most ``timeout_s``), then keep
+        polling for ``settle_s`` whatever happened: a command that comes twice shows up."""
         deadline = time.monotonic() + timeout_s
-        settle_until: float | None = None
-        while time.monotonic() < (settle_until or deadline):
-            for command in self.control.poll(timeout_s=0.2):
-                self.received.append(command)
-                self.control.ack(command, "applied", applied_at_step=command["step"] + 1)
-            if settle_until is None and len(self.received) >= want:
-                settle_until = time.monotonic() + settle_s
+        while len(self.received) < want and time.monotonic() < deadline:
+            self._poll_once()
+        settle_until = time.monotonic() + settle_s
+        while time.monotonic() < settle_until:
+            self._poll_once()
+
+    def _poll_once(self) -> None:
+        for command in self.control.poll(timeout_s=0.2):
+            self.received.append(command)
+            self.control.ack(command, "applied", applied_at_step=command["step"] + 1)
 
     def close(self) -> None:
         for logger in self.ranks:

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlpulse.local.broker import LocalBroker, default_cache_dir
 
-from rlpulse.exceptions import BrokerError
+from rlpulse.local.broker import LocalBroker
+from rlpulse.local.exceptions import BrokerError
+from rlpulse.settings import Settings
 
 pytestmark = pytest.mark.broker
 
@@ -82,7 +83,7 @@ def test_port_in_use_is_refused(tmp_path: Path) -> None:
 
 
 def test_broker_dying_during_start_up_reports_its_log(tmp_path: Path) -> None:
-    broker = LocalBroker(state_dir=tmp_path / "b", port=0, cache_dir=default_cache_dir())
+    broker = LocalBroker(Settings(), state_dir=tmp_path / "b", port=0)
     broker.up()
     broker.down()
     meta = tmp_path / "b" / "data" / "meta.properties"

@@ -17,13 +17,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rlpulse.operator import action, operator_command, publish_command
 
-from rlpulse.producers import EXIT_STOPPED_BY_RULE, Settings
+from rlpulse.ops.commands import action, operator_command, publish_command
+from rlpulse.producers import EXIT_STOPPED_BY_RULE
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, TrainerEvent
 from rlpulse.schemas.topics import Topics
 from tests.integration.topic_reader import read_until
+from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -91,8 +92,8 @@ def test_an_operator_stop_saves_and_stops_every_rank_at_one_step(
             timeout_s=RUN_TIMEOUT_S,
         )
         stop = operator_command(run_id, [action("checkpoint"), action("stop")], reason="test")
-        settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
-        publish_command(config, stop)
+        settings = settings_at(kafka_bootstrap, topics)
+        publish_command(settings, stop)
         log, _ = trainer.communicate(timeout=RUN_TIMEOUT_S)
     finally:
         if trainer.poll() is None:

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from rlpulse.producers import ControlClient, Settings
+from rlpulse.producers import ControlClient
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.schemas.topics import Topics
+from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -30,7 +31,7 @@ def receive(client: ControlClient, want: int, timeout_s: float = 30.0) -> list[C
 
 
 def test_stop_checkpoint_and_scale_reach_the_run(kafka_bootstrap: str, topics: Topics) -> None:
-    settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    settings = settings_at(kafka_bootstrap, topics)
     with ControlClient("run-op", settings=settings) as client:
         client.poll()
         scale = control(

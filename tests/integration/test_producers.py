@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -12,14 +14,15 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from rlpulse.transport.topics import ensure_topics
 
-from rlpulse.producers import ControlClient, EventHandler, EventLogger, Settings, RunLink
+from rlpulse.producers import ControlClient, EventHandler, EventLogger, RunLink, Settings
 from rlpulse.producers.replay import replay_spool
 from rlpulse.producers.spool import spool_files
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand
 from rlpulse.schemas.topics import Topics
+from rlpulse.settings import ProducerSettings
+from rlpulse.transport.topics import ensure_topics
 from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
@@ -106,7 +109,7 @@ def ids(commands: Iterable[ControlCommand]) -> list[str]:
 
 
 def settings_for(kafka_bootstrap: str, topics: Topics) -> Settings:
-    return Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    return settings_at(kafka_bootstrap, topics)
 
 
 def test_logged_events_arrive_decodable_and_in_sequence(
@@ -246,7 +249,7 @@ def test_restarted_client_does_not_return_acked_commands(
 
 def test_control_client_waits_for_topics_created_later(kafka_bootstrap: str) -> None:
     topics = Topics(prefix=f"test-late-{uuid.uuid4().hex[:10]}")
-    settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    settings = settings_at(kafka_bootstrap, topics)
     with ControlClient("run-a", settings=settings) as client:
         assert client.poll() == []
         assert not client.started
@@ -280,9 +283,7 @@ def test_run_link_round_trip(kafka_bootstrap: str, topics: Topics) -> None:
 def test_logging_handler_publishes_stdlib_records(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    settings = Settings(
-        bootstrap=kafka_bootstrap, prefix=topics.prefix, producer={"spool_dir": tmp_path}
-    )
+    settings = settings_at(kafka_bootstrap, topics, producer=ProducerSettings(spool_dir=tmp_path))
     trainer_log = logging.getLogger(f"trainer-{uuid.uuid4().hex}")
     trainer_log.setLevel(logging.INFO)
     trainer_log.propagate = False
@@ -325,9 +326,7 @@ def spool_while_unreachable(
     topics: Topics, spool_dir: Path, run_id: str, count: int
 ) -> EventLogger:
     """A logger that could not reach any broker: its ``count`` events end in the spool."""
-    settings = Settings(
-        bootstrap="127.0.0.1:1", prefix=topics.prefix, producer={"spool_dir": spool_dir}
-    )
+    settings = settings_at("127.0.0.1:1", topics, producer=ProducerSettings(spool_dir=spool_dir))
     logger = EventLogger(run_id, settings=settings)
     for step in range(count):
         logger.log({"loss": float(step)}, step)
@@ -350,12 +349,41 @@ def test_replay_sends_a_spool_once_and_deletes_it(
     assert {e["producer_id"] for e in events} == {dead.producer_id}
 
 
-def test_replay_command_runs_standalone(
+def test_log_from_eight_threads_keeps_seq_in_queue_order(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    """log() promises seq order = queue order whichever threads log: on the (one) partition
+    of the run the seqs are 0, 1, 2, ... in offset order, and each thread's events keep the
+    order that thread logged them in."""
+    threads, per_thread = 8, 250
+    logger = EventLogger("run-threads", settings=settings_for(kafka_bootstrap, topics))
+    start = threading.Barrier(threads)
+
+    def log_from(thread: int) -> None:
+        start.wait(timeout=30)
+        for index in range(per_thread):
+            logger.log({"thread": float(thread), "index": float(index)}, step=index)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+        for future in [pool.submit(log_from, t) for t in range(threads)]:
+            future.result(timeout=60)
+    assert logger.flush(WAIT_S) == 0
+    logger.close()
+    total = threads * per_thread
+    codec = default_codec()
+    events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, total)]
+    assert [e["seq"] for e in events] == list(range(total))  # offset order is seq order
+    for thread in range(threads):
+        mine = [e["metrics"]["index"] for e in events if e["metrics"]["thread"] == thread]
+        assert mine == [float(i) for i in range(per_thread)], f"thread {thread} reordered"
+
+
+def test_replay_subcommand_sends_a_spool(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     spool_while_unreachable(topics, tmp_path, "run-cli", 5)
     result = subprocess.run(
-        [sys.executable, "-m", "rlpulse.replay", str(tmp_path), "--bootstrap", kafka_bootstrap],
+        [sys.executable, "-m", "rlpulse", "replay", str(tmp_path), "--bootstrap", kafka_bootstrap],
         capture_output=True,
         text=True,
         timeout=120,
@@ -364,15 +392,33 @@ def test_replay_command_runs_standalone(
     assert result.returncode == 0, result.stderr
     assert "replayed 5 event(s) from 1 spool file(s)" in result.stdout
     read_topic(kafka_bootstrap, topics.events, 5)
+    assert spool_files(tmp_path) == {}
+
+
+def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable(
+    topics: Topics, tmp_path: Path
+) -> None:
+    spool_while_unreachable(topics, tmp_path, "run-cli", 5)
+    kept = spool_files(tmp_path)
+    command = [sys.executable, "-m", "rlpulse", "replay", str(tmp_path)]
+    result = subprocess.run(
+        [*command, "--bootstrap", "127.0.0.1:1", "--timeout", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "5 event(s) not delivered within 2 s; their files are kept" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert spool_files(tmp_path) == kept
 
 
 def test_a_new_process_of_the_run_replays_a_dead_producers_spool(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     dead = spool_while_unreachable(topics, tmp_path, "run-o", 20)
-    settings = Settings(
-        bootstrap=kafka_bootstrap, prefix=topics.prefix, producer={"spool_dir": tmp_path}
-    )
+    settings = settings_at(kafka_bootstrap, topics, producer=ProducerSettings(spool_dir=tmp_path))
     with EventLogger("run-o", settings=settings) as successor:
         successor.log({"loss": 0.0}, 100)
         deadline = time.monotonic() + WAIT_S

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from rlpulse.local.worker_process import WorkerProcess
 
-from rlpulse.producers import ControlClient, EventLogger, Settings
+from rlpulse.local.worker_process import WorkerProcess
+from rlpulse.producers import ControlClient, EventLogger
 from rlpulse.schemas.records import ControlCommand
-from rlpulse.schemas.topics import Topics
-from rlpulse.streams.rulebook import RULES_KEY
+from rlpulse.schemas.topics import RULES_KEY, Topics
+from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -77,7 +77,7 @@ def test_published_edit_takes_effect_and_keeps_unchanged_state(
     broken.write_text(RULES.format(loss_threshold="one"))
     assert publish(kafka_bootstrap, topics, first).returncode == 0
 
-    settings = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    settings = settings_at(kafka_bootstrap, topics)
     worker = WorkerProcess(
         kafka_bootstrap, topics.prefix, tmp_path / "worker.log", rules="topic", partitions=3
     )

@@ -21,9 +21,8 @@ from typing import Any
 
 import pytest
 from omegaconf import DictConfig, OmegaConf
-from rlpulse.operator import action, operator_command, publish_command
 
-from rlpulse.producers import Settings
+from rlpulse.ops.commands import action, operator_command, publish_command
 from rlpulse.producers.integrations import verl as integration
 from rlpulse.producers.integrations.commands import resize_batch
 from rlpulse.producers.integrations.exceptions import ActionRejectedError, VerlSettingsError
@@ -32,6 +31,7 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import Action, CommandAck, TrainerEvent
 from rlpulse.schemas.topics import Topics
 from tests.integration.topic_reader import read_until
+from tests.kafka import settings_at
 
 STEP_METRICS: dict[str, Any] = {
     "actor/kl_loss": 0.12,
@@ -138,9 +138,11 @@ def test_metrics_are_split_into_stages_by_prefix() -> None:
 def test_a_bad_rlpulse_block_names_the_key() -> None:
     with pytest.raises(VerlSettingsError, match="bootstrap_server"):
         integration.VerlSettings.from_verl_config({"rlpulse": {"bootstrap_server": "x:9092"}})
-    settings = integration.VerlSettings.from_verl_config({"rlpulse": {"producer": {"linger": 1}}})
-    with pytest.raises(VerlSettingsError, match="linger"):
-        settings.producer_config()
+    settings = integration.VerlSettings.from_verl_config(
+        {"rlpulse": {"settings": {"producer": {"linger": 1}}}}
+    )
+    with pytest.raises(VerlSettingsError, match=r"producer\.linger"):
+        settings.rlpulse_settings()
 
 
 @pytest.mark.parametrize(
@@ -313,12 +315,12 @@ def test_commands_act_on_the_trainer_whose_fit_built_the_tracking(
 ) -> None:
     integration.install()
     run_id = f"verl-{uuid.uuid4().hex[:8]}"
-    config = Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
+    settings = settings_at(kafka_bootstrap, topics)
     grow = operator_command(run_id, [scale(2, max=256), action("alert", message="noisy")])
     shrink = operator_command(run_id, [scale(0.3, max=50)])  # no multiple of 64 up to 50
     stop = operator_command(run_id, [action("checkpoint", tag="kl"), action("stop")])
     for command in (grow, shrink, stop):
-        publish_command(config, command)
+        publish_command(settings, command)
 
     trainer = StandInTrainer(verl_config(str(tmp_path)))
     trainer.fit("rlpulse-tests", "exp", rlpulse_block(run_id, kafka_bootstrap, topics))

@@ -1,12 +1,15 @@
 """Workers killed mid-run: nothing lost, nothing applied twice, rule state carried over.
 
-(a) one worker is SIGKILLed while a scripted run is streaming, and restarted;
-(b) two workers share six partitions and twenty concurrent runs; one is SIGKILLed and the
-other takes over its partitions with their table state.
+(a) one worker is SIGKILLed in the middle of the KL streak, and restarted while later steps
+stream in; (b) two workers share six partitions and twenty concurrent runs; one is
+SIGKILLed at the same point and the other takes over its partitions with their table state.
 
-In both, every StepSummary arrives, kl-guard fires at step 52 (its consecutive count of
-steps 50-51 survived the crash), unstable-reward at step 30, and each trainer applies each
-command exactly once.
+The kill lands where the test says: after the rule state of step 51 (the streak's second
+step) is on the changelog and the offsets of everything produced so far, up to three of the
+four ranks of step 52, are committed (tests/integration/worker_state.py reads both). In
+both, every StepSummary arrives, kl-guard fires at step 52 exactly once (its consecutive
+count of steps 50-51 survived the crash), unstable-reward at step 30, and each trainer
+applies each command exactly once (one ack per command id).
 """
 
 from __future__ import annotations
@@ -20,14 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
-from rlpulse.local.broker import tail
-from rlpulse.transport.topics import ensure_topics
-from rlpulse.local.worker_process import WorkerProcess
 
+from rlpulse.local.broker import tail
+from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas import default_codec
-from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
+from rlpulse.transport.topics import ensure_topics
 from tests.integration.scripted_run import (
     KL_GUARD_STEP,
     STEPS,
@@ -36,13 +37,17 @@ from tests.integration.scripted_run import (
     until_ids,
 )
 from tests.integration.test_pipeline import (
-from tests.kafka import settings_at
     EXPECTED_SUMMARIES,
     assert_every_step_summarised,
     assert_seed_commands,
 )
+from tests.integration.worker_state import kl_guard_streak, wait_until_durable
+from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
+
+GRACE_S = 120.0
+"""Long: step 52 must stay open, three ranks in, until the kill and beyond (no rank is late)."""
 
 
 def start_worker(bootstrap: str, topics: Topics, log: Path, partitions: int) -> WorkerProcess:
@@ -52,48 +57,26 @@ def start_worker(bootstrap: str, topics: Topics, log: Path, partitions: int) -> 
         log,
         rules="seed",
         partitions=partitions,
-        grace_s=5.0,
+        grace_s=GRACE_S,
         data_dir=log.with_suffix(".data"),
         extra_args=("--log-level", "info"),
     )
     return worker.start()
 
 
-def wait_for_summary(
-    bootstrap: str, topics: Topics, seen: Callable[[StepSummary], bool], timeout_s: float
-) -> None:
-    """Block until a StepSummary for which ``seen`` is true is on the steps topic."""
-    codec = default_codec()
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"watch-{uuid.uuid4().hex}",
-        "auto.offset.reset": "earliest", "enable.auto.commit": False,
-    })  # fmt: skip
-    consumer.subscribe([topics.steps])
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is None or message.error() is not None:
-                continue
-            if seen(codec.decode_summary(message.value() or b"")):
-                return
-    finally:
-        consumer.close()
-    raise TimeoutError("the awaited StepSummary never came")
-
-
 class PacedRuns(threading.Thread):
-    """Logs steps 1..STEPS of the given runs, one step of every run at a time, with a pause."""
+    """Logs ``steps`` of the given runs, one step of every run at a time, with a pause."""
 
-    def __init__(self, runs: Iterable[ScriptedRun], pause_s: float) -> None:
+    def __init__(self, runs: Iterable[ScriptedRun], pause_s: float, steps: Iterable[int]) -> None:
         super().__init__(daemon=True)
         self.runs = list(runs)
         self.pause_s = pause_s
+        self.steps = list(steps)
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            for step in range(1, STEPS + 1):
+            for step in self.steps:
                 for run in self.runs:
                     run.log_steps([step])
                 time.sleep(self.pause_s)
@@ -138,26 +121,29 @@ def _by_run(values: list[bytes], decode: Callable[[bytes], Any]) -> dict[str, li
 
 
 def test_sigkill_mid_run_then_restart(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
+    """SIGKILL once the streak of steps 50-51 is durable and 3 of 4 ranks of step 52 (the
+    streak's third step) are read and committed: the restarted worker must complete step 52
+    from the durable state, and kl-guard fire there exactly once."""
     worker = start_worker(kafka_bootstrap, topics, tmp_path / "worker-1.log", partitions=3)
     run = ScriptedRun(kafka_bootstrap, topics)
     logs: list[Path] = [worker.log_file]
     try:
         worker.wait_consuming(timeout_s=90.0)
-        pacer = PacedRuns([run], pause_s=0.05)
-        pacer.start()
-        # kill while the kl streak is two steps long (50, 51) and later steps are streaming
-        wait_for_summary(
-            kafka_bootstrap,
-            topics,
-            lambda s: s["run_id"] == run.run_id and (s["stage"], s["step"]) == ("actor", 51),
-            timeout_s=90.0,
+        run.log_steps(range(1, KL_GUARD_STEP))
+        run.log_steps([KL_GUARD_STEP], ranks=range(3))  # rank 3 of step 52 still to come
+        group = worker.group_id
+        wait_until_durable(
+            kafka_bootstrap, topics, group, [run.run_id], "actor", KL_GUARD_STEP - 1, 3
         )
-        worker.stop(signal.SIGKILL)
-        assert not worker.alive()
-        pacer.join(60.0)
-        assert pacer.error is None, pacer.error
+        assert kl_guard_streak(kafka_bootstrap, group, run.run_id) == 2
+        assert worker.stop(signal.SIGKILL) == -signal.SIGKILL
+        pacer = PacedRuns([run], pause_s=0.05, steps=range(KL_GUARD_STEP + 1, STEPS + 1))
+        run.log_steps([KL_GUARD_STEP], ranks=[3])
+        pacer.start()  # later steps stream in while the worker restarts
         worker = start_worker(kafka_bootstrap, topics, tmp_path / "worker-2.log", partitions=3)
         logs.append(worker.log_file)
+        pacer.join(60.0)
+        assert pacer.error is None, pacer.error
         run.receive_commands(want=2, timeout_s=120.0)
         assert worker.alive(), tail(worker.log_file, 40)
         assert_runs_complete(kafka_bootstrap, topics, [run], _tails(logs))
@@ -168,6 +154,9 @@ def test_sigkill_mid_run_then_restart(kafka_bootstrap: str, topics: Topics, tmp_
 
 @pytest.mark.timeout(600)
 def test_two_workers_one_killed_the_other_takes_over(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Twenty runs on two workers; worker A is SIGKILLed once every run's streak of steps
+    50-51 is durable and 3 of 4 ranks of step 52 are committed. Worker B takes A's
+    partitions over with their table state: every run gets kl-guard once, at step 52."""
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
     ensure_topics(settings_at(kafka_bootstrap), topics, partitions=6)
     workers = [
@@ -180,24 +169,28 @@ def test_two_workers_one_killed_the_other_takes_over(kafka_bootstrap: str, tmp_p
         for worker in workers:
             worker.wait_consuming(timeout_s=120.0)
         _wait_for_members(workers[0], want=2, timeout_s=60.0)
-        pacer = PacedRuns(runs, pause_s=0.0)
-        pacer.start()
-        wait_for_summary(
-            kafka_bootstrap,
-            topics,
-            lambda s: (s["stage"], s["step"]) == ("actor", KL_GUARD_STEP - 10),
-            timeout_s=120.0,
+        for run in runs:
+            run.log_steps(range(1, KL_GUARD_STEP))
+            run.log_steps([KL_GUARD_STEP], ranks=range(3))
+        group = workers[0].group_id
+        run_ids = [run.run_id for run in runs]
+        wait_until_durable(
+            kafka_bootstrap, topics, group, run_ids, "actor", KL_GUARD_STEP - 1, 6, timeout_s=240.0
         )
-        workers[0].stop(signal.SIGKILL)
-        pacer.join(120.0)
-        assert pacer.error is None, pacer.error
+        assert {kl_guard_streak(kafka_bootstrap, group, r) for r in run_ids} == {2}
+        assert workers[0].stop(signal.SIGKILL) == -signal.SIGKILL
+        for run in runs:
+            run.log_steps([KL_GUARD_STEP], ranks=[3])
+        for step in range(KL_GUARD_STEP + 1, STEPS + 1):
+            for run in runs:
+                run.log_steps([step])
         deadline = time.monotonic() + 300.0  # session timeout, rebalance, recovery, backlog
         pending = list(runs)
         while pending and time.monotonic() < deadline:
             for run in pending:
                 run.receive_commands(want=2, timeout_s=0.5, settle_s=0.0)
             pending = [run for run in pending if len(run.received) < 2]
-        for run in runs:  # extras (a command applied twice) would show up here
+        for run in runs:  # a command that comes twice would show up here
             run.receive_commands(want=0, timeout_s=0.0, settle_s=0.5)
         assert workers[1].alive(), tail(workers[1].log_file, 40)
         for run in runs:

@@ -1,4 +1,4 @@
-"""A deliberately naive reference of the rule evaluator, written from DESIGN.md "Rules (rules/)".
+"""A deliberately naive reference of the rule evaluator, written from docs/design.md, "Rules".
 
 It shares no code with :mod:`rlpulse.rules.evaluator` or :mod:`rlpulse.rules.arith`: plain
 loops over the summaries, the whole history of reduced values of every (run, attempt, stage,
@@ -6,7 +6,7 @@ rule) kept as a list, and every window statistic, streak, cooldown and block rec
 that history at each evaluation. ``tests/unit/test_rules_property.py`` holds the evaluator
 against it.
 
-Where DESIGN.md leaves something open, the reference follows the evaluator's documented
+Where docs/design.md leaves something open, the reference follows the evaluator's documented
 decision; each such place is marked ``DECISION``.
 """
 

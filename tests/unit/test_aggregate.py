@@ -48,11 +48,13 @@ def test_two_components_merge_with_nulls_for_missing_values(tmp_path: Path) -> N
         "rollout/step_time",
         "rollout/timestamp_ns",
         "rollout/hostname",
+        "rollout/pid",
         "actor/stage",
         "kl",
         "actor/step_time",
         "actor/timestamp_ns",
         "actor/hostname",
+        "actor/pid",
     ]
     first, step1_rank1, last = rows[0], rows[3], rows[-1]
     assert first["reward"] == 0.0 and first["rollout/step_time"] == 1.0
@@ -106,7 +108,7 @@ def test_one_component_keeps_plain_names(tmp_path: Path) -> None:
     with RankLogWriter(tmp_path, "actor", 0) as writer:
         writer.write(1, "actor", {"kl": 0.1}, timestamp_ns=1)
     (row,) = aggregate(read(tmp_path), merge_on=["step"], sort_by=[])
-    assert list(row) == ["step", "stage", "rank", "kl", "timestamp_ns", "hostname"]
+    assert list(row) == ["step", "stage", "rank", "kl", "timestamp_ns", "hostname", "pid"]
 
 
 def test_bad_arguments() -> None:
@@ -141,7 +143,7 @@ def test_command_writes_the_merged_file_and_reports_bad_lines(tmp_path: Path) ->
     assert len(stamps) == 1 and stamps.pop().endswith("+00:00")
     assert rows == aggregate(read(logs), ["step", "rank"], ["step", "rank"])
     assert f"{logs / 'actor_rank1.jsonl'}:4: not JSON" in outcome.stderr
-    assert "8 rows, 14 columns" in outcome.stderr and "1 malformed lines skipped" in outcome.stderr
+    assert "8 rows, 16 columns" in outcome.stderr and "1 malformed lines skipped" in outcome.stderr
 
 
 def test_command_to_stdout_with_other_merge_fields(tmp_path: Path) -> None:

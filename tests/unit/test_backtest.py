@@ -149,7 +149,7 @@ def test_features_rule_set_on_the_recorded_run() -> None:
     firings = fire(load_rules(FEATURES), PER_RANK)
     by_rule: dict[str, list[tuple[int, int]]] = {}
     for firing in firings:
-        by_rule.setdefault(firing["rule_id"], []).append((firing["attempt"], firing["step"]))
+        by_rule.setdefault(firing["rule_id"] or "", []).append((firing["attempt"], firing["step"]))
     assert by_rule["entropy-not-finite"] == [(0, 30)]  # rank 6's NaN, max across ranks
     assert by_rule["kl-guard"] == [(0, 39)]
     assert by_rule["kl-worst-rank"] == [(0, 38), (0, 39)]
@@ -465,3 +465,14 @@ def test_attempt_inference_rules() -> None:
         ("actor", 1, 2),
         ("x", 9, 4),
     ]
+
+
+def test_preset_names_are_rules_too() -> None:
+    outcome = cli("--rules", "verl", "--events", str(VERL), "--run", RUN, "--json")
+    assert outcome.exit_code == 0, outcome.output
+    expected = fire(load_preset("verl"), VERL)
+    assert [json.loads(line)["command_id"] for line in outcome.stdout.splitlines()] == [
+        command["command_id"] for command in expected
+    ]
+    unknown = cli("--rules", "no-such-preset", "--events", str(VERL))
+    assert unknown.exit_code == 1 and "unknown preset 'no-such-preset'" in unknown.stderr

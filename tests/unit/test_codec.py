@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fastavro import schemaless_writer
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpulse.schemas import Codec, DecodeError, DecodeFailure, SchemaRegistry, default_codec
@@ -119,6 +119,7 @@ def test_round_trip_each_record(name: str) -> None:
 finite_or_not = st.floats(allow_nan=True, allow_infinity=True)
 
 
+@settings(max_examples=300, deadline=None)
 @given(
     metrics=st.dictionaries(st.text(max_size=20), finite_or_not, max_size=8),
     step=st.integers(min_value=0, max_value=2**62),

@@ -516,7 +516,7 @@ def direct_stats(values_by_rank: dict[int, float]) -> dict[str, float | int]:
         "count": n,
         "sum": math.fsum(values),
         "mean": mean,
-        # a square is x * x, as DESIGN.md fixes it (x ** 2 goes to pow, off by an ulp at times)
+        # a square is x * x, as docs/design.md fixes it (x ** 2 goes to pow, off by an ulp at times)
         "std": math.sqrt(math.fsum((v - mean) * (v - mean) for v in values) / n),
         "min": low,
         "max": high,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import time
 from pathlib import Path
@@ -44,7 +45,7 @@ def test_writer_writes_one_line_in_the_layout(tmp_path: Path) -> None:
     assert writer.path == tmp_path / "logs" / "rollout_rank0.jsonl"
     assert writer.path.read_text() == (
         '{"stage":"rollout","step":120,"rank":0,"reward_mean":2.41,"kl_divergence":0.182,'
-        '"timestamp_ns":5,"hostname":"node0"}\n'
+        f'"timestamp_ns":5,"hostname":"node0","pid":{os.getpid()}}}\n'
     )
     assert writer.closed
 
@@ -91,9 +92,11 @@ def test_defaults_and_extras(tmp_path: Path) -> None:
         "kl",
         "timestamp_ns",
         "hostname",
+        "pid",
         "epoch",
         "note",
     ]
+    assert fields["pid"] == os.getpid()
     assert fields["stage"] == "ref"  # a component may log several stages
     with RankLogWriter(tmp_path, "actor", 2) as writer:
         writer.write(7, "actor", {})
@@ -152,6 +155,31 @@ def test_rank_files_are_listed_sorted_and_counted(tmp_path: Path) -> None:
     assert world_sizes(files) == {"actor": 1, "ref_model": 1, "rollout": 2}
 
 
+def test_plain_rank_files_are_the_trainer_component(tmp_path: Path) -> None:
+    """The seed's naming: rank0.jsonl and rollout_rank1.jsonl side by side."""
+    (tmp_path / "rank0.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    (tmp_path / "rank1.jsonl").write_text('{"step": 1, "loss": 0.7}\n')
+    (tmp_path / "rollout_rank1.jsonl").write_text("")
+    files = list_rank_files(tmp_path)
+    assert [(f.component, f.rank, f.path.name) for f in files] == [
+        ("rollout", 1, "rollout_rank1.jsonl"),
+        ("trainer", 0, "rank0.jsonl"),
+        ("trainer", 1, "rank1.jsonl"),
+    ]
+    records = [r for r in read_rank_logs(tmp_path) if isinstance(r, RankRecord)]
+    assert {(r.component, r.rank, r.stage, r.metrics["loss"]) for r in records} == {
+        ("trainer", 0, "trainer", 0.5),
+        ("trainer", 1, "trainer", 0.7),
+    }
+
+
+def test_the_writer_refuses_what_the_worker_would(tmp_path: Path) -> None:
+    refused = pytest.raises(ValueError, match=r"contains '\|'")
+    with RankLogWriter(tmp_path, "actor", 0) as writer, refused:
+        writer.write(1, "a|b", {"loss": 1.0})
+    assert writer.path.read_text() == ""
+
+
 def test_two_files_of_one_rank_are_refused(tmp_path: Path) -> None:
     (tmp_path / "actor_rank1.jsonl").write_text("")
     (tmp_path / "actor_rank01.jsonl").write_text("")
@@ -198,8 +226,8 @@ def test_lines_are_read_with_file_and_line_number(tmp_path: Path) -> None:
         ('{"stage":"actor","step":-1}', "step must be an int >= 0, got -1"),
         ('{"stage":"actor","step":1.5}', "step must be an int >= 0, got 1.5"),
         ('{"stage":"actor","step":true}', "step must be an int >= 0, got True"),
-        ('{"stage":"a|b","step":1}', "stage must be a non-empty string without '|'"),
-        ('{"stage":"","step":1}', "stage must be a non-empty string"),
+        ('{"stage":"a|b","step":1}', "stage 'a|b' contains '|'"),
+        ('{"stage":"","step":1}', "stage '' is not a non-empty string"),
         ('{"stage":"actor","step":1,"rank":4}', "rank 4 in the file of rank 2"),
         ('{"stage":"actor","step":1,"timestamp_ns":"now"}', "timestamp_ns must be an int"),
     ],

@@ -6,10 +6,12 @@ torch.distributed, and rank 0's control client is fed scripted commands.
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,8 +21,8 @@ from rlpulse.producers import (
     EXIT_STOPPED_BY_RULE,
     CommandBus,
     InvalidValueError,
-    Settings,
     RunLink,
+    Settings,
     StopRequested,
     single_process_broadcast,
 )
@@ -29,7 +31,11 @@ from rlpulse.producers.bus import Broadcast
 from rlpulse.schemas.records import Action, ControlCommand
 
 T = TypeVar("T")
-UNREACHABLE = Settings(bootstrap="127.0.0.1:1", prefix="unit")
+
+
+def unreachable() -> Settings:
+    """Settings for a broker that is not there (built per test: the home is the test's own)."""
+    return Settings(bootstrap="127.0.0.1:1", prefix="unit")
 
 
 @pytest.fixture(autouse=True)
@@ -100,6 +106,14 @@ class ScriptedControl:
         pass
 
 
+def on_threads(target: Callable[[int], object], world_size: int) -> None:
+    """Run ``target(rank)`` on one thread per rank; an exception in any fails the test."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=world_size) as pool:
+        futures = [pool.submit(target, rank) for rank in range(world_size)]
+        for future in futures:
+            future.result(timeout=30)
+
+
 def run_ranks(world_size: int, script: dict[int, list[ControlCommand]], steps: int) -> tuple[
     dict[int, list[tuple[int, list[str]]]], dict[int, int], ScriptedControl
 ]:  # fmt: skip
@@ -108,11 +122,10 @@ def run_ranks(world_size: int, script: dict[int, list[ControlCommand]], steps: i
     control = ScriptedControl(script)
     seen: dict[int, list[tuple[int, list[str]]]] = {r: [] for r in range(world_size)}
     stopped: dict[int, int] = {}
-    errors: list[BaseException] = []
 
     def rank_loop(rank: int) -> None:
         link = RunLink(
-            "run-a", rank=rank, world_size=world_size, settings=UNREACHABLE,
+            "run-a", rank=rank, world_size=world_size, settings=unreachable(),
             broadcast=bus.for_rank(rank),
         )  # fmt: skip
         if rank == 0:
@@ -132,17 +145,10 @@ def run_ranks(world_size: int, script: dict[int, list[ControlCommand]], steps: i
                 link.exit_if_stopped(step)
         except StopRequested:
             stopped[rank] = step
-        except BaseException as exc:
-            errors.append(exc)
         finally:
             link.close(timeout_s=0)
 
-    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(world_size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors, errors
+    on_threads(rank_loop, world_size)
     return seen, stopped, control
 
 
@@ -226,7 +232,7 @@ def test_resume_gives_every_rank_the_attempt_rank_0_took(tmp_path: Path) -> None
 
     def resume(rank: int) -> None:
         link = RunLink.resume(
-            "run-a", tmp_path, rank=rank, world_size=3, settings=UNREACHABLE,
+            "run-a", tmp_path, rank=rank, world_size=3, settings=unreachable(),
             broadcast=bus.for_rank(rank),
         )  # fmt: skip
         attempts[rank] = link.attempt
@@ -235,19 +241,15 @@ def test_resume_gives_every_rank_the_attempt_rank_0_took(tmp_path: Path) -> None
         link.save_attempt(tmp_path / "ckpt-next")
         link.close(timeout_s=0)
 
-    threads = [threading.Thread(target=resume, args=(r,)) for r in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    on_threads(resume, 3)
     assert attempts == {0: 5, 1: 5, 2: 5}
     assert read_attempt(tmp_path, "run-a") == 5
     assert read_attempt(tmp_path / "ckpt-next", "run-a") == 5
 
 
 def test_single_process_resume_needs_no_broadcast(tmp_path: Path) -> None:
-    link = RunLink.resume("run-a", tmp_path, settings=UNREACHABLE)
+    link = RunLink.resume("run-a", tmp_path, settings=unreachable())
     assert link.attempt == 1
     link.close(timeout_s=0)
     with pytest.raises(InvalidValueError, match="broadcast"):
-        RunLink.resume("run-a", tmp_path, rank=1, world_size=2, settings=UNREACHABLE)
+        RunLink.resume("run-a", tmp_path, rank=1, world_size=2, settings=unreachable())

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpulse.rules import RuleEngine, RuleSet, load_preset, parse_rules
@@ -345,6 +345,7 @@ def test_action_params_keep_their_types() -> None:
 KL_VALUES = st.sampled_from([0.1, 0.3, 0.31, 0.5, math.nan, math.inf])
 
 
+@settings(max_examples=200, deadline=None)
 @given(
     values=st.lists(KL_VALUES, min_size=1, max_size=30),
     noise=st.lists(st.tuples(st.integers(0, 29), st.booleans(), KL_VALUES), max_size=15),

@@ -138,7 +138,7 @@ def test_bad_values_are_refused_naming_their_source(
 def test_settings_are_frozen_and_updated_by_copy(tmp_path: Path) -> None:
     settings = Settings()
     with pytest.raises(ValidationError):
-        settings.prefix = "other"  # type: ignore[misc]
+        settings.prefix = "other"
     changed = settings.updated({"producer.spool_dir": tmp_path, "prefix": "p"})
     assert (changed.producer.spool_dir, changed.prefix) == (tmp_path, "p")
     assert changed.producer.linger_ms == settings.producer.linger_ms

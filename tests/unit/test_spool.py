@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpulse.producers.spool import (
@@ -23,6 +23,7 @@ def event(seq: int, producer_id: str = "p1", size: int = 10) -> SpooledEvent:
     return SpooledEvent("rlpulse.events", b"run-a", bytes(size), producer_id, seq)
 
 
+@settings(max_examples=200, deadline=None)
 @given(
     topic=st.text(min_size=1),
     key=st.none() | st.binary(),

@@ -3,8 +3,9 @@
 An integration maps each action type it supports to an :data:`ActionHandler`;
 :func:`apply_command` runs a command's actions in order and folds their results into
 the one ack status and detail the command gets. :func:`resize_batch` is the arithmetic
-of ``scale_rollout_batch`` (DESIGN.md: ``new = clamp(round(current * factor), min,
-max)``), plus the trainer's own constraint that the size stay a multiple of a unit.
+of ``scale_rollout_batch`` (docs/design.md, "Commands at the trainer": ``new =
+clamp(round(current * factor), min, max)``), plus the trainer's own constraint that the
+size stay a multiple of a unit.
 """
 
 from __future__ import annotations

@@ -1,0 +1,15 @@
+"""Unit tests never touch the machine's rlpulse home: each gets its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def rlpulse_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``RLPULSE_HOME`` (spools, state) is the test's own directory."""
+    home = tmp_path / "rlpulse-home"
+    monkeypatch.setenv("RLPULSE_HOME", str(home))
+    return home
