@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from rlpulse.settings import ExporterSettings
+from typing import get_args
+
+import pytest
+
+from rlpulse.exceptions import SettingsError
+from rlpulse.rules.model import ACTION_TYPES
+from rlpulse.settings import ActionType, ExporterSettings, load_settings
 from rlpulse.streams.exporter.alerts import command_alert
 from tests.unit.exporter_records import command
 
@@ -76,3 +82,9 @@ def test_each_command_is_its_own_alert() -> None:
     assert {k: v for k, v in one["labels"].items() if k != "command_id"} == {
         k: v for k, v in two["labels"].items() if k != "command_id"
     }
+
+
+def test_notify_actions_are_the_rules_action_types_and_a_typo_is_refused() -> None:
+    assert set(get_args(ActionType)) == set(ACTION_TYPES)
+    with pytest.raises(SettingsError, match=r"exporter\.notify_actions"):
+        load_settings({"exporter.notify_actions": ["stpo"]})
