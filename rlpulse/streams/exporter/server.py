@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -134,8 +134,12 @@ class Exporter:
                     if say is not None:
                         say("exporter caught up with the lookback")
 
-    def apply(self, batch: list[Incoming]) -> list[dict[str, object]]:
-        """Apply a batch of records to the state; returns the alerts its commands raise."""
+    def apply(self, batch: Iterable[Incoming]) -> list[dict[str, object]]:
+        """Apply a batch of records to the state; returns the alerts its commands raise.
+
+        The lock is held for the whole batch, decoding included (see
+        :meth:`TopicReader.poll`); a scrape waits at most that long.
+        """
         alerts: list[dict[str, object]] = []
         exporter = self.settings.exporter
         forwarding = self.forwarder is not None

@@ -73,6 +73,9 @@ UNKNOWN_RULE: Final = "unknown"
 MAX_COMMANDS_REMEMBERED: Final = 4096
 """Command ids remembered per run, to attribute acks to their rule."""
 
+MAX_PLACES_REMEMBERED: Final = 100_000
+"""(producer, stage, rank, world size) combinations remembered as valid."""
+
 NS_PER_S: Final = 1_000_000_000
 DEAD_LETTER_KINDS: Final = ("undecodable", "invalid", "too_large", "too_late", "error")
 """The kinds of reason the worker writes into a dead letter's ``rlpulse-reason`` header."""
@@ -203,7 +206,7 @@ class ExporterState:
         """Whether the last consumer-lag measurement got an answer from Kafka."""
         self.rank_series = 0
         self.summary_metrics = 0
-        self._good_stages: set[str] = set()
+        self._good_places: set[tuple[str, str, int, int]] = set()
 
     @property
     def series(self) -> int:
@@ -248,23 +251,31 @@ class ExporterState:
         """Whether the worker would dead-letter this metrics or log event.
 
         :func:`~rlpulse.schemas.validation.event_problem`'s checks that the Avro schema does
-        not already make (field types): position, stage, counts and name lengths, the stage's
-        checked once. A metric name that is too long drops that metric only (the exporter
-        decides per name, and caches it); the worker refuses the whole event.
+        not already make (field types): a negative step, counts and name lengths on every
+        event; stage, rank, world size and producer id once per combination of them. A metric
+        name that is too long drops that metric only (names are decided once each, in
+        :class:`FamilyNames`); the worker refuses the whole event.
         """
-        limits = self.limits
-        stage = event["stage"]
-        if stage not in self._good_stages:
-            if stage_problem(stage) or name_problem(stage, limits):
-                return True
-            self._good_stages.add(stage)
-        tags = event["tags"]
-        return bool(
-            position_problem(event["step"], event["rank"], event["world_size"], limits)
-            or count_problem(len(event["metrics"]), len(tags), limits)
+        limits, tags = self.limits, event["tags"]
+        if event["step"] < 0 or count_problem(len(event["metrics"]), len(tags), limits):
+            return True
+        if tags and name_problem(max((*tags, *tags.values()), key=len), limits):
+            return True
+        stage, rank, world_size = event["stage"], event["rank"], event["world_size"]
+        place = (event["producer_id"], stage, rank, world_size)
+        if place in self._good_places:
+            return False
+        if (
+            stage_problem(stage)
+            or name_problem(stage, limits)
             or name_problem(event["producer_id"], limits)
-            or (tags and name_problem(max((*tags, *tags.values()), key=len), limits))
-        )
+            or position_problem(0, rank, world_size, limits)
+        ):
+            return True
+        if len(self._good_places) >= MAX_PLACES_REMEMBERED:
+            self._good_places.clear()
+        self._good_places.add(place)
+        return False
 
     def _add_rank_values(self, run: RunState, event: TrainerEvent) -> None:
         key: RankKey = (event["run_id"], event["stage"], str(event["rank"]))
