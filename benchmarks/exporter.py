@@ -30,6 +30,7 @@ import gzip
 import io
 import json
 import pstats
+import shutil
 import statistics
 import tempfile
 import threading
@@ -50,7 +51,7 @@ from rlpulse.settings import Settings
 from rlpulse.streams.exporter.server import Exporter
 from rlpulse.transport.clients import trainer_producer
 from rlpulse.transport.readiness import Deadline
-from rlpulse.transport.topics import ensure_topics
+from rlpulse.transport.topics import delete_topics, ensure_topics
 
 PARTITIONS = 6
 PROMETHEUS_ACCEPT = (
@@ -234,6 +235,8 @@ def scrape_at_scale(bootstrap: str, ranks: int, metrics: int, scrapes: int) -> d
         }
     finally:
         exporter.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        delete_topics(settings, list(topics.all()))
 
 
 def main() -> None:
@@ -264,6 +267,7 @@ def main() -> None:
             elapsed = exporter_ingest(settings, len(backlog), profile)
             emit("exporter_throughput", events_per_s=round(len(backlog) / elapsed), **load)
             pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+            delete_topics(settings, list(topics.all()))
             return
         # Alternating rounds, medians: the machine's other load moves both alike.
         rounds = [
@@ -282,6 +286,7 @@ def main() -> None:
         ratio = round(ingest / bare, 2)
         round_ratios = [round(b / e, 2) for b, e in rounds]
         emit("exporter_vs_bare", ratio=ratio, rounds=args.rounds, round_ratios=round_ratios)
+        delete_topics(settings, list(topics.all()))
         scrape = scrape_at_scale(bootstrap, args.scrape_ranks, args.scrape_metrics, args.scrapes)
         emit("scrape", **scrape)
         slowest = max(scrape["text"]["p50_ms"], scrape["openmetrics_gzip"]["p50_ms"])

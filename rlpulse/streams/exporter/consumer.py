@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka._types import HeadersType
@@ -43,15 +43,12 @@ Record = TrainerEvent | StepSummary | ControlCommand | CommandAck | str
 """A decoded record; for the dead-letter topic, the message's reason header."""
 
 
-class Incoming(NamedTuple):
-    """One message read: its topic's role, its record (None: undecodable), whether it is live.
+Incoming = tuple[Role, Record | None, bool]
+"""One message read: its topic's role, its record (None: undecodable), whether it is live.
 
-    Live: written after the exporter started, not part of the lookback.
-    """
-
-    role: Role
-    record: Record | None
-    live: bool
+Live: written after the exporter started, not part of the lookback. A plain tuple: one is
+made per message.
+"""
 
 
 class TopicReader:
@@ -151,7 +148,7 @@ class TopicReader:
                     record = decoders[role](message.value() or b"")
                 except DecodeError:
                     record = None
-            yield Incoming(role, record, live)
+            yield role, record, live
 
     def caught_up(self) -> bool:
         """Whether every partition has been read up to where it ended at start."""

@@ -233,8 +233,9 @@ class ExporterState:
         if kind in ("metrics", "log") and self._placement_problem(event):
             self.dropped["invalid"] += 1
             return
-        run.seen(timestamp)
-        run.last_event_ns = max(run.last_event_ns, timestamp)
+        if timestamp > run.last_event_ns:  # events are most records: no call for seen()
+            run.last_event_ns = timestamp
+            run.last_seen_ns = max(run.last_seen_ns, timestamp)
         if attempt > run.attempt:
             run.attempt = attempt
             run.ended_ns = None
