@@ -46,6 +46,7 @@ __all__ = [
     "ENV_PREFIX",
     "BrokerSettings",
     "EventLimits",
+    "ExporterSettings",
     "JoinerSettings",
     "ProducerSettings",
     "Settings",
@@ -63,6 +64,8 @@ _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
 
 Compression = Literal["lz4", "zstd", "snappy", "gzip", "none"]
 ClientValue = str | int | float | bool
+ActionType = Literal["stop", "checkpoint", "scale_rollout_batch", "set", "alert"]
+"""The action types of a command (``rlpulse.rules.model.ACTION_TYPES``; a test keeps them equal)."""
 
 
 class _Section(BaseModel):
@@ -116,6 +119,14 @@ class ProducerSettings(_Section):
         default=1024 * MIB,
         ge=4096,
         description="Spool space one producer may use; events beyond it are dropped (counted).",
+    )
+    system_metrics_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Every this many seconds each RunLink logs its process's CPU seconds, RSS and (with "
+            "pynvml) GPU use as stage 'system'; unset: off."
+        ),
     )
 
 
@@ -209,6 +220,87 @@ class WorkerSettings(JoinerSettings):
     )
 
 
+_METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _default_notify_actions() -> list[ActionType]:
+    return ["alert", "stop", "checkpoint"]
+
+
+class ExporterSettings(_Section):
+    """The Prometheus exporter: what it serves, how much of it, and whom it tells.
+
+    It reads ``<prefix>.events``, ``.steps``, ``.control``, ``.acks`` and ``.dlq`` from
+    ``lookback_s`` before its start (no history replay) and keeps the latest value per series
+    in memory.
+    """
+
+    port: int = Field(default=9091, ge=0, le=65535, description="Port of /metrics.")
+    host: str = Field(default="0.0.0.0", description="Address /metrics listens on.")
+    namespace: str = Field(
+        default="rlpulse",
+        description="Prefix of the per-rank gauges: <namespace>_<metric>{run,stage,rank}.",
+    )
+    group_id: str | None = Field(
+        default=None, description="The exporter's consumer group; unset: <prefix>-exporter."
+    )
+    allow_metrics: list[str] = Field(
+        default_factory=list,
+        description="Metric names (globs) that get per-rank series; empty: every metric.",
+    )
+    max_series: int = Field(
+        default=50_000, ge=1, description="Most series of runs held; new ones beyond are dropped."
+    )
+    lookback_s: float = Field(
+        default=900.0, ge=0, description="How far back the exporter reads its topics at start."
+    )
+    expire_ended_s: float = Field(
+        default=600.0, ge=0, description="A run's series go this long after its run_end."
+    )
+    expire_silent_s: float = Field(
+        default=3600.0, gt=0, description="A run's series go this long after its last record."
+    )
+    zscore_window: int = Field(
+        default=20, ge=3, description="Steps in the window of rlpulse_step_zscore."
+    )
+    lag_interval_s: float = Field(
+        default=5.0, gt=0, description="How often consumer lag is measured."
+    )
+    alertmanager_url: str | None = Field(
+        default=None, description="Alertmanager to forward rule commands to; unset: off."
+    )
+    notify_actions: list[ActionType] = Field(
+        default_factory=_default_notify_actions,
+        description="Commands with one of these actions go to Alertmanager.",
+    )
+    alert_ttl_s: float = Field(
+        default=3600.0, gt=0, description="A forwarded command's alert resolves after this long."
+    )
+    startup_timeout_s: float = Field(
+        default=120.0, gt=0, description="How long start-up waits for the broker and its topics."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="warning", description="Log level of the exporter."
+    )
+
+    @field_validator("namespace")
+    @classmethod
+    def _valid_namespace(cls, value: str) -> str:
+        if not _METRIC_NAME.match(value):
+            raise ValueError(
+                f"namespace {value!r} must be a Prometheus metric name prefix: a letter or '_', "
+                "then letters, digits or '_'"
+            )
+        return value
+
+    @field_validator("alertmanager_url", mode="before")
+    @classmethod
+    def _blank_url_is_unset(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip().rstrip("/") or None
+        return value
+
+
 class BrokerSettings(_Section):
     """The local Kafka broker that ``rlpulse broker up`` runs on 127.0.0.1."""
 
@@ -252,6 +344,7 @@ class Settings(BaseSettings):
     limits: EventLimits = EventLimits()
     producer: ProducerSettings = ProducerSettings()
     worker: WorkerSettings = WorkerSettings()
+    exporter: ExporterSettings = ExporterSettings()
 
     secret_fields: ClassVar[frozenset[str]] = frozenset()
     """Dotted names whose values ``rlpulse config show`` masks."""
@@ -297,6 +390,11 @@ class Settings(BaseSettings):
     def worker_group(self) -> str:
         """The worker's Kafka consumer group and faust app id."""
         return self.worker.app_id or f"{self.prefix}-worker"
+
+    @property
+    def exporter_group(self) -> str:
+        """The exporter's Kafka consumer group."""
+        return self.exporter.group_id or f"{self.prefix}-exporter"
 
     @property
     def spool_root(self) -> Path:

@@ -14,6 +14,7 @@ from rlpulse.cli.broker import broker_app
 from rlpulse.cli.config import config_app
 from rlpulse.cli.control import control_app
 from rlpulse.cli.demo import demo
+from rlpulse.cli.exporter import exporter
 from rlpulse.cli.replay import replay
 from rlpulse.cli.rules import rules_app
 from rlpulse.cli.worker import worker
@@ -30,6 +31,7 @@ app.add_typer(control_app, name="control")
 app.add_typer(rules_app, name="rules", help="Check, backtest and publish rules files.")
 app.add_typer(config_app, name="config")
 app.command("worker")(worker)
+app.command("exporter")(exporter)
 app.command("demo")(demo)
 app.command("replay")(replay)
 app.command("aggregate")(aggregate)

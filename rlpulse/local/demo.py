@@ -1,10 +1,12 @@
 """``rlpulse demo``: one simulated 8-rank RL run through the real pipeline.
 
-The demo starts (or reuses) the local Kafka broker and a worker with the seed rules,
+The demo starts (or reuses) the local Kafka broker, a worker with the seed rules and an
+exporter (Prometheus metrics, namespace ``verl``, on a free port; its URL is printed first),
 then plays a PPO-like run: its reward turns unstable around step 20 and its KL
 divergence passes 0.3 from step 40. The run reacts to the commands it receives —
 the rollout batch doubles to 128, then 256 and no further; a checkpoint is written;
-the run stops — and acknowledges each one. It exits 0 when kl-guard stopped the run.
+the run stops — and acknowledges each one. At the end it prints a few of the gauges the
+exporter serves. It exits 0 when kl-guard stopped the run.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 from rich.console import Console
 
 from rlpulse.local.broker import LocalBroker, tail
+from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import LocalError
+from rlpulse.local.exporter_process import ExporterProcess
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import ControlClient, EventLogger
 from rlpulse.schemas.records import AckStatus, ControlCommand
@@ -37,6 +41,9 @@ INITIAL_ROLLOUT_BATCH = 64
 MAX_STEPS = 90
 UNSTABLE_FROM, UNSTABLE_UNTIL = 20, 38
 KL_BREACH_FROM = 40
+NAMESPACE = "verl"
+SHOWN_GAUGES = ("verl_reward_mean", "verl_kl_divergence")
+SHOWN_RANKS = ('rank="0"', 'rank="1"')
 
 
 @dataclass
@@ -118,13 +125,22 @@ def run_demo(
     worker = WorkerProcess(
         address, topics.prefix, workdir / "worker.log", rules="seed", partitions=3, grace_s=5.0
     )
+    exporter = ExporterProcess(
+        address, topics.prefix, workdir / "exporter.log", free_port(), namespace=NAMESPACE
+    )
     try:
         ensure_topics(settings, topics, partitions=3)
         say.print(f"[dim]Starting a worker with the seed rules (log: {worker.log_file})…[/]")
         worker.start()
+        exporter.start()
+        say.print(f"Prometheus metrics of the run: {exporter.url}", highlight=False)
         worker.wait_consuming(timeout_s=90.0)
-        return _play(say, settings, workdir, worker, step_interval_s)
+        exporter.wait_ready(timeout_s=90.0)
+        code = _play(say, settings, workdir, worker, step_interval_s)
+        _show_gauges(say, exporter)
+        return code
     finally:
+        exporter.stop()
         worker.stop()
         _delete_topics(settings, topics)
         if broker is not None:
@@ -206,6 +222,31 @@ def _apply_and_ack(
     control.ack(command, status, applied_at_step=step, detail=detail)
     shown = ", ".join(f"{k}={v}" for k, v in detail.items())
     say.print(f"  [green]ack[/] {status} at step {step}: {shown}", highlight=False)
+
+
+def _show_gauges(say: Console, exporter: ExporterProcess, timeout_s: float = 15.0) -> None:
+    """Print the exporter's reward and KL gauges of ranks 0 and 1, once it has the run's end."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            lines = exporter.scrape().splitlines()
+        except OSError:
+            lines = []
+        ended = [line for line in lines if line.startswith("rlpulse_run_ended{")]
+        if ended and all(line.endswith(" 1.0") for line in ended):
+            break
+        time.sleep(0.2)
+    else:
+        say.print(f"[yellow]The exporter at {exporter.url} did not show the run's end.[/]")
+        return
+    say.print(f"What Prometheus scrapes from {exporter.url} (ranks 0 and 1):", highlight=False)
+    shown = [
+        line
+        for line in lines
+        if line.startswith(SHOWN_GAUGES) and any(rank in line for rank in SHOWN_RANKS)
+    ]
+    for line in sorted(shown, key=lambda line: (SHOWN_GAUGES.index(line.split("{")[0]), line)):
+        say.print(f"  {line}", highlight=False, soft_wrap=True)
 
 
 def _delete_topics(settings: Settings, topics: Topics) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlpulse.exceptions import RlpulseError
 
-__all__ = ["BrokerError", "LocalError", "WorkerProcessError"]
+__all__ = ["BrokerError", "ExporterProcessError", "LocalError", "WorkerProcessError"]
 
 
 class LocalError(RlpulseError):
@@ -17,3 +17,7 @@ class BrokerError(LocalError):
 
 class WorkerProcessError(LocalError):
     """A worker child process exited early or did not join its consumer group in time."""
+
+
+class ExporterProcessError(LocalError):
+    """An exporter child process exited early or did not serve its lookback in time."""

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 from rlpulse.local.broker import tail
+from rlpulse.local.child_process import ChildProcess
 from rlpulse.local.exceptions import WorkerProcessError
 from rlpulse.settings import load_settings
 from rlpulse.transport.clients import new_admin
@@ -19,7 +16,7 @@ from rlpulse.transport.clients import new_admin
 __all__ = ["WorkerProcess"]
 
 
-class WorkerProcess:
+class WorkerProcess(ChildProcess):
     """Starts ``rlpulse worker`` in a child process and stops it by signal."""
 
     def __init__(
@@ -34,19 +31,14 @@ class WorkerProcess:
         data_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__(log_file, env)
         self.bootstrap = bootstrap
         self.prefix = prefix
-        self.log_file = log_file
         self.rules = rules
         self.partitions = partitions
         self.grace_s = grace_s
         self.extra_args = extra_args
-        self.env = dict(env or {})
-        """Environment variables for the child on top of this process's (``RLPULSE_*``...)."""
         self.data_dir = data_dir or log_file.parent / f"{prefix}-worker-data"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.killed_after_timeout = False
-        """Whether the last :meth:`stop` had to SIGKILL because the signal did not end it."""
 
     @property
     def group_id(self) -> str:
@@ -75,24 +67,6 @@ class WorkerProcess:
             *self.extra_args,
         ]
 
-    def start(self) -> WorkerProcess:
-        """Launch the child; its output goes to ``log_file``."""
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-            )
-        return self
-
-    def alive(self) -> bool:
-        """Whether the child is still running."""
-        return self.process is not None and self.process.poll() is None
-
     def wait_consuming(self, timeout_s: float = 60.0) -> None:
         """Block until the worker's consumer group is stable with this worker in it."""
         admin = new_admin(load_settings({"bootstrap": self.bootstrap}), "worker watch")
@@ -114,31 +88,3 @@ class WorkerProcess:
             f"worker did not join group {self.group_id} within {timeout_s:.0f} s; "
             f"its log:\n{tail(self.log_file, 30)}"
         )
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
-        """Send ``sig``; after ``timeout_s`` without exit, SIGKILL. Returns the exit code.
-
-        :attr:`killed_after_timeout` tells whether the SIGKILL was needed.
-        """
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.killed_after_timeout = True
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-    def __enter__(self) -> WorkerProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -11,6 +11,7 @@ from rlpulse.producers.bus import Broadcast, CommandBus
 from rlpulse.producers.control import ControlClient
 from rlpulse.producers.exceptions import EXIT_STOPPED_BY_RULE, StopRequested
 from rlpulse.producers.logger import EventLogger
+from rlpulse.producers.system import SystemSampler
 from rlpulse.schemas.records import AckStatus, ControlCommand, EventKind
 from rlpulse.settings import Settings
 
@@ -29,6 +30,10 @@ class RunLink:
     ``link.ack(cmd, status=...)`` (rank 0 writes it); at the end of the step
     ``link.exit_if_stopped(step)``. ``link.close()`` at the end (also run at
     interpreter exit). Construction does no network I/O.
+
+    With ``producer.system_metrics_interval_s`` set, the link also samples its process's CPU,
+    memory and GPU from the first event on, in stage ``system`` (see
+    :mod:`rlpulse.producers.system`).
 
     ``attempt`` is 0 for a fresh run; a process that resumes from a checkpoint
     starts a new attempt — build it with :meth:`resume`, and call
@@ -61,6 +66,9 @@ class RunLink:
         """How rank 0's commands reach every rank."""
         self.stop_command: ControlCommand | None = None
         """The first command with a ``stop`` action returned by :meth:`poll_commands`."""
+        interval = settings.producer.system_metrics_interval_s
+        self.system = SystemSampler(self.events, interval) if interval is not None else None
+        """The system-metrics sampler, when ``producer.system_metrics_interval_s`` is set."""
 
     @classmethod
     def resume(
@@ -120,6 +128,8 @@ class RunLink:
         trace_id: str | None = None,
     ) -> None:
         """Publish one event; see :meth:`EventLogger.log`."""
+        if self.system is not None:
+            self.system.start()
         self.events.log(
             metrics,
             step,
@@ -134,10 +144,14 @@ class RunLink:
 
     def run_start(self, step: int = 0) -> None:
         """Publish a ``run_start`` event; see :meth:`EventLogger.run_start`."""
+        if self.system is not None:
+            self.system.start()
         self.events.run_start(step)
 
     def run_end(self, step: int) -> None:
-        """Publish a ``run_end`` event; see :meth:`EventLogger.run_end`."""
+        """Publish a ``run_end`` event (system sampling stops); see :meth:`EventLogger.run_end`."""
+        if self.system is not None:
+            self.system.stop()
         self.events.run_end(step)
 
     def poll_commands(self, timeout_s: float = 0.0) -> list[ControlCommand]:
@@ -204,6 +218,8 @@ class RunLink:
 
     def close(self, timeout_s: float | None = None) -> int:
         """Close the control client, then the logger; return the events spooled at close."""
+        if self.system is not None:
+            self.system.stop()
         if self.control is not None:
             self.control.close()
         return self.events.close(timeout_s)

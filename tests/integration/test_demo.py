@@ -37,5 +37,13 @@ def test_demo_runs_its_own_broker_scales_the_batch_and_stops_at_kl_guard(fresh_h
     assert re.search(r"command kl-guard \(issued for step 42\)", out), out[-2000:]
     # applied at the step the trainer polls it: 42 on a quiet machine, maybe a step later
     assert re.search(r"Run stopped by kl-guard at step 4\d; rollout batch 64 -> 256", out)
+    # it ran an exporter: its URL first, the seed's gauges of ranks 0 and 1 at the end
+    url = re.search(r"Prometheus metrics of the run: (http://127\.0\.0\.1:\d+/metrics)", out)
+    assert url, out[:2000]
+    assert f"What Prometheus scrapes from {url.group(1)} (ranks 0 and 1):" in out
+    for gauge, stage in (("verl_reward_mean", "rollout"), ("verl_kl_divergence", "actor")):
+        for rank in (0, 1):
+            line = rf'  {gauge}\{{rank="{rank}",run="demo-ppo-\w+",stage="{stage}"\}} [0-9.e+-]+'
+            assert re.search(line, out), f"{gauge} of rank {rank} missing:\n{out[-2000:]}"
     # it started the broker, so it stopped it again
     assert LocalBroker(Settings(home=fresh_home)).info() is None

@@ -1,0 +1,415 @@
+"""Build the rlpulse Grafana dashboard (compose/grafana/dashboards/rlpulse.json) from code.
+
+Typed builders from grafana-foundation-sdk (a dev dependency, pinned in pyproject.toml; it is
+needed only to regenerate the JSON, never at run time):
+
+    python compose/grafana/build_dashboard.py        # rewrites dashboards/rlpulse.json
+
+tests/unit/test_dashboard.py fails when the committed JSON differs from a fresh build, and
+tests/integration/test_dashboard_prometheus.py runs every panel's PromQL against a real
+Prometheus. Variables: ``$datasource``, ``$namespace`` (the exporter's ``--namespace``,
+default ``verl`` as in the compose stack), ``$run`` (one run) and ``$stage`` (any of its
+stages).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders import bargauge, heatmap, stat, timeseries
+from grafana_foundation_sdk.builders.common import VizLegendOptions
+from grafana_foundation_sdk.builders.dashboard import (
+    AnnotationQuery,
+    Dashboard,
+    DatasourceVariable,
+    QueryVariable,
+    Row,
+    TextBoxVariable,
+)
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import (
+    AxisPlacement,
+    GraphDrawStyle,
+    LegendDisplayMode,
+    LegendPlacement,
+    VisibilityMode,
+)
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    DynamicConfigValue,
+    GridPos,
+    VariableRefresh,
+    VariableSort,
+)
+
+OUTPUT = Path(__file__).resolve().parent / "dashboards" / "rlpulse.json"
+PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+RUN = 'run=~"$run"'
+SEL = 'run=~"$run", stage=~"$stage"'
+SIGMA = 3
+
+
+def query(ref: str, expr: str, legend: str) -> Dataquery:
+    """One PromQL target."""
+    return Dataquery().ref_id(ref).expr(expr).legend_format(legend).range()
+
+
+def legend() -> VizLegendOptions:
+    """A table legend below the graph with the last and the largest value."""
+    return (
+        VizLegendOptions()
+        .show_legend(True)
+        .display_mode(LegendDisplayMode.TABLE)
+        .placement(LegendPlacement.BOTTOM)
+        .calcs(["lastNotNull", "max"])
+    )
+
+
+def series_panel(
+    panel_id: int, title: str, where: GridPos, *targets: Dataquery, unit: str = "short"
+) -> timeseries.Panel:
+    """A time-series panel over the Prometheus data source."""
+    panel = (
+        timeseries.Panel()
+        .id(panel_id)
+        .title(title)
+        .datasource(PROMETHEUS)
+        .grid_pos(where)
+        .unit(unit)
+        .legend(legend())
+        .line_width(2)
+        .fill_opacity(0)
+    )
+    for target in targets:
+        panel = panel.with_target(target)
+    return panel
+
+
+def right_axis(label: str, unit: str) -> list[DynamicConfigValue]:
+    """Field overrides that put a query's series on a second Y axis."""
+    return [
+        DynamicConfigValue(id_val="custom.axisPlacement", value=AxisPlacement.RIGHT),
+        DynamicConfigValue(id_val="custom.axisLabel", value=label),
+        DynamicConfigValue(id_val="unit", value=unit),
+    ]
+
+
+def training_panels() -> list[Any]:
+    """The seed's panels: reward, reward vs KL, KL per rank, losses, CPU vs throughput."""
+    stat_of = 'rlpulse_step_{stat}{{{sel}, metric="{metric}"}}'
+    reward = stat_of.format(stat="mean", sel=SEL, metric="reward_mean")
+    reward_std = stat_of.format(stat="std", sel=SEL, metric="reward_mean")
+    kl = stat_of.format(stat="mean", sel=SEL, metric="kl_divergence")
+    losses = f'rlpulse_step_mean{{{SEL}, metric=~"actor_loss|critic_loss"}}'
+    zscores = f'rlpulse_step_zscore{{{SEL}, metric=~"actor_loss|critic_loss"}}'
+    band = [
+        DynamicConfigValue(id_val="custom.lineWidth", value=0),
+        DynamicConfigValue(id_val="custom.fillOpacity", value=20),
+        DynamicConfigValue(
+            id_val="custom.hideFrom", value={"legend": True, "tooltip": False, "viz": False}
+        ),
+    ]
+    reward_panel = (
+        series_panel(
+            2,
+            "Reward: mean over ranks, ±1 std band",
+            GridPos(h=9, w=12, x=0, y=1),
+            query("A", reward, "mean {{stage}}"),
+            query("B", f"{reward} + {reward_std}", "+1 std"),
+            query("C", f"{reward} - {reward_std}", "-1 std"),
+        )
+        .override_by_query(
+            "B", [*band, DynamicConfigValue(id_val="custom.fillBelowTo", value="-1 std")]
+        )
+        .override_by_query("C", band)
+    )
+    reward_kl = series_panel(
+        3,
+        "Reward (left) and KL divergence (right)",
+        GridPos(h=9, w=12, x=12, y=1),
+        query("A", reward, "reward {{stage}}"),
+        query("B", kl, "KL {{stage}}"),
+    ).override_by_query("B", right_axis("KL divergence", "short"))
+    kl_heatmap = (
+        heatmap.Panel()
+        .id(4)
+        .title("KL divergence per rank (drift heatmap)")
+        .datasource(PROMETHEUS)
+        .grid_pos(GridPos(h=9, w=12, x=0, y=10))
+        .with_target(
+            query("A", f"max by (rank) (${{namespace}}_kl_divergence{{{SEL}}})", "{{rank}}")
+        )
+        .calculate(False)
+        .show_value(VisibilityMode.NEVER)
+    )
+    loss_panel = series_panel(
+        5,
+        f"Actor and critic loss (red: more than {SIGMA} std from the mean of the recent steps)",
+        GridPos(h=9, w=12, x=12, y=10),
+        query("A", stat_of.format(stat="mean", sel=SEL, metric="actor_loss"), "actor loss"),
+        query("B", stat_of.format(stat="mean", sel=SEL, metric="critic_loss"), "critic loss"),
+        query(
+            "C",
+            f"{losses} and on (run, stage, metric) abs({zscores}) > {SIGMA}",
+            f"> {SIGMA} std: {{{{metric}}}}",
+        ),
+    ).override_by_query(
+        "C",
+        [
+            DynamicConfigValue(id_val="custom.drawStyle", value=GraphDrawStyle.POINTS),
+            DynamicConfigValue(id_val="custom.pointSize", value=10),
+            DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": "red"}),
+        ],
+    )
+    cpu = series_panel(
+        6,
+        "Process CPU (cores, left) against throughput (tokens/s, right), per rank",
+        GridPos(h=9, w=12, x=0, y=19),
+        query(
+            "A",
+            "sum by (rank) "
+            f"(rate(${{namespace}}_process_cpu_seconds_total{{{RUN}}}[$__rate_interval]))",
+            "CPU rank {{rank}}",
+        ),
+        query(
+            "B",
+            f"sum by (rank) (${{namespace}}_throughput_tokens_per_sec{{{SEL}}})",
+            "tokens/s rank {{rank}}",
+        ),
+    ).override_by_query("B", right_axis("tokens/s", "short"))
+    throughput = series_panel(
+        7,
+        "Training throughput, all ranks (tokens/s)",
+        GridPos(h=9, w=6, x=12, y=19),
+        query("A", f"sum by (run) (${{namespace}}_throughput_tokens_per_sec{{{SEL}}})", "{{run}}"),
+    )
+    reward_ranks = series_panel(
+        8,
+        "Reward per rank",
+        GridPos(h=9, w=6, x=18, y=19),
+        query("A", f"${{namespace}}_reward_mean{{{SEL}}}", "rank {{rank}}"),
+    )
+    return [reward_panel, reward_kl, kl_heatmap, loss_panel, cpu, throughput, reward_ranks]
+
+
+def run_panels() -> list[Any]:
+    """The run's state: step, ranks, silence, stop, commands and alerts."""
+    step = (
+        stat.Panel()
+        .id(10)
+        .title("Step")
+        .datasource(PROMETHEUS)
+        .grid_pos(GridPos(h=5, w=4, x=0, y=29))
+        .with_target(query("A", f"max by (stage) (rlpulse_run_step{{{SEL}}})", "{{stage}}"))
+    )
+    silence = (
+        stat.Panel()
+        .id(11)
+        .title("Since the last event")
+        .datasource(PROMETHEUS)
+        .grid_pos(GridPos(h=5, w=4, x=4, y=29))
+        .unit("s")
+        .with_target(
+            query(
+                "A",
+                f"time() - max by (run) (rlpulse_run_last_event_timestamp_seconds{{{RUN}}})",
+                "{{run}}",
+            )
+        )
+    )
+    stopped = (
+        stat.Panel()
+        .id(12)
+        .title("Stopped by")
+        .datasource(PROMETHEUS)
+        .grid_pos(GridPos(h=5, w=4, x=8, y=29))
+        .with_target(query("A", f"max by (rule) (rlpulse_run_stopped{{{RUN}}})", "{{rule}}"))
+    )
+    ranks = series_panel(
+        13,
+        "Ranks missing and stragglers",
+        GridPos(h=5, w=12, x=12, y=29),
+        query("A", f"max by (stage) (rlpulse_step_ranks_missing{{{SEL}}})", "missing {{stage}}"),
+        query("B", f"max by (stage) (rlpulse_step_stragglers{{{SEL}}})", "stragglers {{stage}}"),
+    )
+    alerts = (
+        bargauge.Panel()
+        .id(14)
+        .title("Alert statistics: commands issued, alerts firing, notifications")
+        .datasource(PROMETHEUS)
+        .grid_pos(GridPos(h=7, w=24, x=0, y=34))
+        .with_target(
+            query(
+                "A",
+                f'sum by (rule, action) (rlpulse_run_commands_total{{{RUN}, dry_run="false"}})',
+                "{{rule}}: {{action}}",
+            )
+        )
+        .with_target(
+            query(
+                "B",
+                f'count by (alertname) (ALERTS{{alertstate="firing", {RUN}}})',
+                "firing: {{alertname}}",
+            )
+        )
+        .with_target(
+            query(
+                "C",
+                "sum by (outcome) (rlpulse_exporter_notifications_total)",
+                "notifications {{outcome}}",
+            )
+        )
+    )
+    return [step, silence, stopped, ranks, alerts]
+
+
+def pipeline_panels() -> list[Any]:
+    """Pipeline health: traffic per node, consumer lag, dead letters, the exporter itself."""
+    rate = "[$__rate_interval]"
+    return [
+        series_panel(
+            21,
+            "Events per host (events/s)",
+            GridPos(h=8, w=12, x=0, y=42),
+            query(
+                "A", f"sum by (host) (rate(rlpulse_host_events_total{{{RUN}}}{rate}))", "{{host}}"
+            ),
+        ),
+        series_panel(
+            22,
+            "Consumer lag (messages)",
+            GridPos(h=8, w=12, x=12, y=42),
+            query(
+                "A",
+                "sum by (group, topic, partition) (rlpulse_consumer_lag_messages)",
+                "{{group}} {{topic}}/{{partition}}",
+            ),
+        ),
+        series_panel(
+            23,
+            "Dead letters by reason (messages/s)",
+            GridPos(h=8, w=8, x=0, y=50),
+            query("A", f"sum by (reason) (rate(rlpulse_dlq_messages_total{rate}))", "{{reason}}"),
+        ),
+        series_panel(
+            24,
+            "Scrape targets up",
+            GridPos(h=8, w=8, x=8, y=50),
+            query("A", 'up{job=~"rlpulse-.*"}', "{{job}} {{instance}}"),
+        ),
+        series_panel(
+            25,
+            "Exporter: series held, samples dropped (per second)",
+            GridPos(h=8, w=8, x=16, y=50),
+            query("A", "sum(rlpulse_exporter_series)", "series held"),
+            query(
+                "B",
+                f"sum by (reason) (rate(rlpulse_exporter_dropped_samples_total{rate}))",
+                "dropped: {{reason}}",
+            ),
+        ),
+    ]
+
+
+def variables() -> list[Any]:
+    """$datasource, $namespace, $run (one) and $stage (any of the run's)."""
+    return [
+        DatasourceVariable("datasource").label("Data source").type("prometheus"),
+        TextBoxVariable("namespace").label("Namespace").default_value("verl"),
+        QueryVariable("run")
+        .label("Run")
+        .datasource(PROMETHEUS)
+        .query("label_values(rlpulse_run_attempt, run)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC),
+        QueryVariable("stage")
+        .label("Stage")
+        .datasource(PROMETHEUS)
+        .query(f"label_values(rlpulse_run_step{{{RUN}}}, stage)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*"),
+    ]
+
+
+def build() -> Dashboard:
+    """The dashboard, as a builder."""
+    dashboard = (
+        Dashboard("rlpulse: training run")
+        .uid("rlpulse-run")
+        .tags(["rlpulse"])
+        .refresh("10s")
+        .time("now-1h", "now")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .annotation(
+            AnnotationQuery()
+            .name("Commands")
+            .datasource(PROMETHEUS)
+            .enable(True)
+            .icon_color("orange")
+            .expr(f'rlpulse_run_last_command_timestamp_seconds{{{RUN}, dry_run="false"}} * 1000')
+        )
+        .annotation(
+            AnnotationQuery()
+            .name("Alerts")
+            .datasource(PROMETHEUS)
+            .enable(True)
+            .icon_color("red")
+            .expr(f'ALERTS{{alertstate="firing", {RUN}}}')
+        )
+    )
+    for variable in variables():
+        dashboard = dashboard.with_variable(variable)
+    rows = [
+        (Row("Training").id(1).grid_pos(GridPos(h=1, w=24, x=0, y=0)), training_panels()),
+        (Row("Run").id(9).grid_pos(GridPos(h=1, w=24, x=0, y=28)), run_panels()),
+        (Row("Pipeline health").id(20).grid_pos(GridPos(h=1, w=24, x=0, y=41)), pipeline_panels()),
+    ]
+    for row, panels in rows:
+        dashboard = dashboard.with_row(row)
+        for panel in panels:
+            dashboard = dashboard.with_panel(panel)
+    return dashboard
+
+
+# What the typed AnnotationQuery model has no field for (Prometheus annotation options).
+ANNOTATION_OPTIONS = {
+    "Commands": {
+        "titleFormat": "{{rule}}: {{actions}}",
+        "tagKeys": "run,rule",
+        "textFormat": "command for run {{run}}",
+        "useValueForTime": True,
+        "step": "10s",
+    },
+    "Alerts": {
+        "titleFormat": "{{alertname}}",
+        "tagKeys": "run,severity",
+        "useValueForTime": False,
+        "step": "10s",
+    },
+}
+
+
+def dashboard_json() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model."""
+    model: dict[str, Any] = json.loads(JSONEncoder().encode(build().build()))
+    for annotation in model["annotations"]["list"]:
+        annotation.update(ANNOTATION_OPTIONS.get(annotation["name"], {}))
+    return model
+
+
+def render() -> str:
+    """The file's text: sorted keys, two-space indents, a final newline."""
+    return json.dumps(dashboard_json(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    OUTPUT.write_text(render())
+    sys.stdout.write(f"wrote {OUTPUT}\n")

@@ -1,0 +1,83 @@
+"""An rlpulse command in a child process: what the demo, the tests and the benchmarks start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+__all__ = ["ChildProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ChildProcess:
+    """Starts :meth:`command` in a child process (output to ``log_file``), stops it by signal."""
+
+    def __init__(self, log_file: Path, env: Mapping[str, str] | None = None) -> None:
+        self.log_file = log_file
+        self.env = dict(env or {})
+        """Environment variables for the child on top of this process's (``RLPULSE_*``...)."""
+        self.process: subprocess.Popen[bytes] | None = None
+        self.killed_after_timeout = False
+        """Whether the last :meth:`stop` had to SIGKILL because the signal did not end it."""
+
+    def command(self) -> list[str]:
+        """The command line of the child."""
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        """Launch the child; its output goes to ``log_file``."""
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            )
+        return self
+
+    def alive(self) -> bool:
+        """Whether the child is still running."""
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
+        """Send ``sig``; after ``timeout_s`` without exit, SIGKILL. Returns the exit code.
+
+        :attr:`killed_after_timeout` tells whether the SIGKILL was needed.
+        """
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.killed_after_timeout = True
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,49 @@
+"""RunLink's opt-in system sampling: stage ``system`` events, every interval, until close."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rlpulse.producers import RunLink
+from rlpulse.schemas import default_codec
+from rlpulse.schemas.records import TrainerEvent
+from rlpulse.schemas.topics import Topics
+from tests.integration.scripted_run import consume_all
+from tests.kafka import settings_at
+
+pytestmark = pytest.mark.broker
+
+
+def events_of(bootstrap: str, topics: Topics, run_id: str, timeout_s: float) -> list[TrainerEvent]:
+    codec = default_codec()
+    raw = consume_all(bootstrap, topics.events, lambda _values: False, timeout_s)
+    return [e for e in map(codec.decode_event, raw) if e["run_id"] == run_id]
+
+
+def test_each_rank_samples_its_process_off_the_training_thread(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    sampled = settings_at(kafka_bootstrap, topics, producer={"system_metrics_interval_s": 0.2})
+    links = [RunLink("sampled", rank=r, world_size=2, settings=sampled) for r in range(2)]
+    quiet = RunLink("quiet", settings=settings_at(kafka_bootstrap, topics))
+    for link in (*links, quiet):
+        link.log({"loss": 1.0}, 0, "actor")
+    time.sleep(1.5)
+    for link in (*links, quiet):
+        link.close()
+    closed_at = time.time_ns()
+    system = [
+        e for e in events_of(kafka_bootstrap, topics, "sampled", 5.0) if e["stage"] == "system"
+    ]
+    for rank in (0, 1):
+        mine = [e for e in system if e["rank"] == rank]
+        assert [e["step"] for e in mine] == list(range(len(mine)))  # the sample index
+        assert 5 <= len(mine) <= 10, mine  # every 0.2 s for 1.5 s
+        cpu = [e["metrics"]["process_cpu_seconds_total"] for e in mine]
+        assert cpu == sorted(cpu) and cpu[0] > 0
+        assert all(e["metrics"]["process_resident_memory_bytes"] > 0 for e in mine)
+        assert all(e["world_size"] == 2 and e["timestamp_ns"] < closed_at for e in mine)
+    quiet_events = events_of(kafka_bootstrap, topics, "quiet", 2.0)
+    assert [e["stage"] for e in quiet_events] == ["actor"]  # off unless set
