@@ -50,10 +50,10 @@ from rlpulse.exceptions import SettingsError
 
 __all__ = [
     "CONFIG_ENV",
-    "ArchiveSettings",
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_PREFIX",
     "ENV_PREFIX",
+    "ArchiveSettings",
     "EventLimits",
     "JoinerSettings",
     "LoggingSettings",
@@ -271,7 +271,7 @@ class ArchiveSettings(_Section):
 
     root: str | None = Field(
         default=None,
-        description="Directory or pyarrow filesystem URI (s3://bucket/path); unset: <home>/archive.",
+        description="A directory or a pyarrow filesystem URI (s3://...); unset: <home>/archive.",
     )
     group_id: str | None = Field(
         default=None, description="The archivers' consumer group; unset: <prefix>-archive."

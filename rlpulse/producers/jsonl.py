@@ -40,6 +40,7 @@ from rlpulse.schemas.records import TrainerEvent
 
 __all__ = [
     "EVENT_FIELDS",
+    "LOG_KIND",
     "MalformedLine",
     "RankFile",
     "RankLogWriter",
@@ -55,6 +56,8 @@ __all__ = [
 
 EVENT_FIELDS: Final = frozenset(TrainerEvent.__required_keys__ | TrainerEvent.__optional_keys__)
 """Names that are never metrics in a per-rank line: the fields of a TrainerEvent."""
+LOG_KIND: Final = "log"
+"""The ``kind`` of a line that holds a log record rather than metrics."""
 
 _RANK_FILE = re.compile(r"(?P<component>.+)_rank(?P<rank>\d+)\.jsonl")
 _SHOWN_CHARS = 120  # of a malformed line, in its report
@@ -315,13 +318,16 @@ def read_rank_file(file: RankFile) -> Iterator[RankRecord | MalformedLine]:
 
     Malformed besides bad JSON: ``step`` missing or not an int >= 0, ``stage`` not a
     non-empty string without ``|``, ``rank`` other than the file's, ``timestamp_ns`` not
-    an int.
+    an int. Log record lines (``"kind": "log"``, see :mod:`rlpulse.producers.rankfiles`)
+    are not metrics and are skipped.
     """
     for item in read_json_lines(file.path):
         if isinstance(item, MalformedLine):
             yield item
             continue
         number, fields = item
+        if fields.get("kind") == LOG_KIND:
+            continue
         problem = _rank_line_problem(fields, file)
         if problem is not None:
             text = json.dumps(fields, separators=(",", ":"))[:_SHOWN_CHARS]

@@ -37,7 +37,7 @@ class Topics:
 
     @property
     def logs(self) -> str:
-        """LogRecord (text log records of the trainers), keyed by run id; the worker never reads it."""
+        """LogRecord (the trainers' text log records), keyed by run id; never read by the worker."""
         return f"{self.prefix}.logs"
 
     @property
