@@ -148,6 +148,10 @@ class ProducerSettings(_Section):
     spool_dir: Path | None = Field(
         default=None, description="Root of the spool; unset: <home>/spool."
     )
+    hostname: str | None = Field(
+        default=None,
+        description="The host name events and log records carry; unset: the machine's.",
+    )
     spool_file_bytes: int = Field(
         default=8 * MIB, ge=4096, description="A spool file is rotated at this size."
     )

@@ -109,7 +109,7 @@ class EventLogger:
         self.tags = string_map("tags", tags)
         self.settings = settings if settings is not None else Settings()
         self.producer_id = uuid.uuid4().hex
-        self.hostname = socket.gethostname()
+        self.hostname = self.settings.producer.hostname or socket.gethostname()
         self._limits = self.settings.limits
         problem = run_problem(self.run_id, self.attempt, self._limits) or count_problem(
             0, len(self.tags), self._limits
