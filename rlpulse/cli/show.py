@@ -77,6 +77,18 @@ def _print(context: StepContext, margin: float) -> None:
         ],
         title="metrics of every rank",
     )
-    print_rows(context.logs.columns, context.logs.rows, title="log records")
+    out.print(f"\n[bold]log records[/] ({len(context.logs.rows)})")
+    for record in context.logs.dicts():
+        trace = f" trace={record['trace_id']}" if record["trace_id"] else ""
+        out.print(
+            f"{cell(record['time'])} {record['level']:<8} {record['hostname']} "
+            f"rank {record['rank']} pid {record['pid']} step {record['step']} "
+            f"{record['logger']}{trace}: {record['message']}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        if record["exception"]:
+            out.print("    " + record["exception"].replace("\n", "\n    "), markup=False)
     print_rows(context.commands.columns, context.commands.rows, title="commands")
     print_rows(context.acks.columns, context.acks.rows, title="acks")

@@ -66,10 +66,10 @@ _TEXT_HEADROOM = 8192  # bytes of a log record's size limit kept for its other f
 
 
 @cache
-def host_ip(hostname: str) -> str:
-    """The address ``hostname`` resolves to (``/etc/hosts`` or DNS), "" if it does not."""
+def host_ip() -> str:
+    """The address this machine's name resolves to (usually via ``/etc/hosts``), else ""."""
     try:
-        return socket.gethostbyname(hostname)
+        return socket.gethostbyname(socket.gethostname())
     except OSError:
         return ""
 
@@ -355,7 +355,7 @@ class EventLogger:
                 rank=self.rank,
                 tags=self.tags,
                 hostname=self.hostname,
-                host_ip=host_ip(self.hostname),
+                host_ip=host_ip(),
                 pid=os.getpid(),
                 producer_id=self.producer_id,
             ),
