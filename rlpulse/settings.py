@@ -280,6 +280,14 @@ class ArchiveSettings(_Section):
     group_id: str | None = Field(
         default=None, description="The archivers' consumer group; unset: <prefix>-archive."
     )
+    instance_id: str | None = Field(
+        default=None,
+        description="Static group membership: a restarted archiver with the same id gets its "
+        "partitions back at once, without waiting out the session timeout.",
+    )
+    session_timeout_s: Seconds = Field(
+        default=45.0, ge=6, description="How long the group waits for a silent archiver."
+    )
     roll_bytes: ByteSize = Field(
         default=ByteSize(64 * 10**6),
         ge=1,

@@ -6,8 +6,8 @@ from typing import Annotated, cast
 
 import typer
 
-from rlpulse.cli.common import ConfigFile, Prefix, fail, one_line_errors
-from rlpulse.cli.reading import ArchiveRoot, Output, open_for
+from rlpulse.cli.common import ConfigFile, Prefix, fail, one_line_errors, settings
+from rlpulse.cli.reading import ArchiveRoot, Output
 from rlpulse.cli.render import OutputFormat, print_rows
 
 FORMATS = ("table", "csv", "json")
@@ -29,11 +29,9 @@ def query(
     """Run SQL over the archive (DuckDB; times are UTC). See docs/logs.md for the columns."""
     if output not in FORMATS:
         raise fail(f"--format {output!r}: use one of {', '.join(FORMATS)}")
-    from rlpulse.streams.archive.catalog import run_sql
+    from rlpulse.schemas.topics import Topics
+    from rlpulse.streams.archive.catalog import query_archive
 
-    con, _root = open_for(config, prefix, archive)
-    try:
-        columns, rows = run_sql(con, sql)
-    finally:
-        con.close()
+    chosen = settings(config, {"prefix": prefix, "archive.root": archive})
+    columns, rows = query_archive(chosen.archive_root, Topics(chosen.prefix), sql)
     print_rows(columns, rows, cast(OutputFormat, output))

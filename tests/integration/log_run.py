@@ -126,7 +126,9 @@ def main() -> None:
             else:
                 trainer.log(level, record.message, extra=extra)
         for number in range(CHATTY_PER_STEP):
-            chatty.info("chatty %d at step %d id=%d/%d/%d", number, step, args.rank, step, 100 + number)
+            chatty.info(
+                "chatty %d at step %d id=%d/%d/%d", number, step, args.rank, step, 100 + number
+            )
         for number, trace in enumerate(chatty_traces()):
             chatty.info(
                 "traced %s id=%d/%d/%d", trace, args.rank, step, 200 + number,

@@ -1,4 +1,4 @@
-"""Log records end to end: rank processes -> Kafka -> archiver (and worker) -> diagnose, query, show, audit.
+"""Log records end to end: rank processes, Kafka, archiver and worker; diagnose, query, show.
 
 A 4-rank run on two hosts (``node-a``: ranks 0, 1; ``node-b``: ranks 2, 3) in three phases
 of 10 steps, each phase a new process per rank (:mod:`tests.integration.log_run`); the
@@ -73,10 +73,13 @@ def rlpulse(*args: str, expect: int = 0) -> str:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
         cwd=REPO,
         env={**os.environ, "COLUMNS": "250"},
     )
-    assert done.returncode == expect, f"rlpulse {args}: {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == expect, (
+        f"rlpulse {args}: {done.returncode}\n{done.stdout}\n{done.stderr}"
+    )
     return done.stdout
 
 
@@ -202,15 +205,19 @@ def logged_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -
         control.close()
         expected_logs = RANKS * sum(len(planned(0, s)) for s in range(30))  # same on every rank
         wait_for(
-            lambda: run.count("SELECT count(*) FROM logs WHERE run_id = ? AND logger = 'trainer'")
-            == expected_logs,
+            lambda: (
+                run.count("SELECT count(*) FROM logs WHERE run_id = ? AND logger = 'trainer'")
+                == expected_logs
+            ),
             "the trainer's log records in the archive",
         )
         wait_for(
-            lambda: run.count(
-                "SELECT count(*) FROM logs WHERE run_id = ? AND message LIKE 'chatty warning%'"
-            )
-            == RANKS * 30,
+            lambda: (
+                run.count(
+                    "SELECT count(*) FROM logs WHERE run_id = ? AND message LIKE 'chatty warning%'"
+                )
+                == RANKS * 30
+            ),
             "the chatty warnings in the archive",
         )
         wait_for(
@@ -263,7 +270,14 @@ def test_diagnose_reads_the_local_files_the_same(logged_run: LoggedRun, tmp_path
 
 def test_diagnose_a_trace_a_pid_and_a_pattern(logged_run: LoggedRun, tmp_path: Path) -> None:
     traced = tmp_path / "traced.csv"
-    rlpulse("diagnose", *logged_run.archive_args(), "--trace-id", "trace-step-12", "--output", str(traced))
+    rlpulse(
+        "diagnose",
+        *logged_run.archive_args(),
+        "--trace-id",
+        "trace-step-12",
+        "--output",
+        str(traced),
+    )
     assert csv_ids(traced) == planned_ids([12], range(RANKS))  # every level, every rank and host
 
     inherited = tmp_path / "inherited.csv"
@@ -295,7 +309,9 @@ def test_query_answers_the_seed_reward_question(logged_run: LoggedRun) -> None:
 
 
 def test_show_prints_the_whole_context_of_a_step(logged_run: LoggedRun) -> None:
-    printed = rlpulse("show", logged_run.run_id, "--step", str(SPIKE_STEP), *logged_run.archive_args())
+    printed = rlpulse(
+        "show", logged_run.run_id, "--step", str(SPIKE_STEP), *logged_run.archive_args()
+    )
     assert f"run {logged_run.run_id}, step {SPIKE_STEP}" in printed
     assert "summary stage rollout revision 1: 4/4 ranks, missing none" in printed
     assert "reward_mean" in printed and "rank_time_s=1.3" in printed  # rank 3's own metrics
@@ -308,7 +324,10 @@ def test_show_prints_the_whole_context_of_a_step(logged_run: LoggedRun) -> None:
 
 def test_sampling_keeps_warnings_a_tenth_of_info_and_whole_traces(logged_run: LoggedRun) -> None:
     chatty = "run_id = ? AND logger = 'trainer.chatty'"
-    assert logged_run.count(f"SELECT count(*) FROM logs WHERE {chatty} AND levelno >= 30") == RANKS * 30
+    assert (
+        logged_run.count(f"SELECT count(*) FROM logs WHERE {chatty} AND levelno >= 30")
+        == RANKS * 30
+    )
     untraced = logged_run.count(
         f"SELECT count(*) FROM logs WHERE {chatty} AND message LIKE 'chatty %' "
         "AND levelno = 20 AND step < 20"
@@ -316,7 +335,9 @@ def test_sampling_keeps_warnings_a_tenth_of_info_and_whole_traces(logged_run: Lo
     emitted = RANKS * 20 * CHATTY_PER_STEP
     assert 0.06 * emitted <= untraced <= 0.14 * emitted, untraced  # 10 %, 5 sigma either side
     for trace in chatty_traces():
-        found = logged_run.count(f"SELECT count(*) FROM logs WHERE {chatty} AND trace_id = '{trace}'")
+        found = logged_run.count(
+            f"SELECT count(*) FROM logs WHERE {chatty} AND trace_id = '{trace}'"
+        )
         assert found == (RANKS * 30 if keeps_trace(trace, 0.1) else 0), trace
     inherited = logged_run.count(
         f"SELECT count(*) FROM logs WHERE {chatty} AND message LIKE 'chatty %' AND levelno = 20 "

@@ -6,6 +6,9 @@ partition it buffers what it reads (:class:`~rlpulse.streams.archive.buffer.Part
 and writes it out as one *flush* when the buffer holds ``roll_bytes`` of messages or its
 oldest one waited ``roll_s``, when the partition is taken away (rebalance), and at stop.
 
+A SIGKILLed archiver's partitions wait for ``session_timeout_s`` before the group hands them
+on; with ``instance_id`` set (static membership) a restarted archiver gets them back at once.
+
 Effectively once. The files are the truth about what is archived
 (:mod:`rlpulse.streams.archive.layout`): on getting a partition, the archiver lists its
 files, deletes an unfinished newest flush (and temporary files) that a crash left, and
@@ -116,12 +119,14 @@ class Archiver:
         """Archive until :meth:`stop`; write out the buffers, leave the group, return the counts."""
         archive = self.settings.archive
         wait_for_kafka(self.settings, Deadline(archive.startup_timeout_s), self._say)
-        consumer = new_consumer(
-            self.settings,
-            self.settings.archive_group,
-            "archiver",
-            {"enable.partition.eof": False, "topic.metadata.refresh.interval.ms": 10_000},
-        )
+        properties: dict[str, object] = {
+            "enable.partition.eof": False,
+            "topic.metadata.refresh.interval.ms": 10_000,
+            "session.timeout.ms": round(archive.session_timeout_s * 1000),
+        }
+        if archive.instance_id:
+            properties["group.instance.id"] = archive.instance_id
+        consumer = new_consumer(self.settings, self.settings.archive_group, "archiver", properties)
         self._consumer = consumer
         consumer.subscribe(
             list(self._by_topic),
@@ -157,11 +162,12 @@ class Archiver:
             leftovers = self.store.temp_files(tp.topic, tp.partition)
             if plan.incomplete or leftovers:
                 self.store.delete(plan.incomplete + leftovers)
-            if plan.incomplete:
+            if plan.incomplete or leftovers:
                 self.counts.recovered += 1
                 self._say(
-                    f"{tp.topic} partition {tp.partition}: deleted {len(plan.incomplete)} "
-                    f"file(s) of an unfinished flush; resuming at offset {plan.next_offset}"
+                    f"{tp.topic} partition {tp.partition}: an unfinished flush "
+                    f"({len(plan.incomplete)} file(s) renamed, {len(leftovers)} temporary) "
+                    f"deleted; resuming at offset {plan.next_offset}"
                 )
             tp.offset = OFFSET_BEGINNING if plan.next_offset is None else plan.next_offset
             self._expected[(tp.topic, tp.partition)] = plan.next_offset or 0

@@ -29,7 +29,7 @@ from rlpulse.streams.archive.exceptions import QueryError
 from rlpulse.streams.archive.store import ArchiveStore
 from rlpulse.streams.archive.tables import PARTITION_COLUMNS, Table, tables_of
 
-__all__ = ["VIEWS", "open_archive", "register_logs", "run_sql"]
+__all__ = ["VIEWS", "open_archive", "query_archive", "register_logs", "run_sql"]
 
 VIEWS: Final = ("events", "logs", "steps", "commands", "acks", "audits", "dead_letters")
 _HIVE: Final = ds.partitioning(pa.schema(list(PARTITION_COLUMNS)), flavor="hive")
@@ -105,3 +105,22 @@ def run_sql(
         return columns, result.fetchall()
     except duckdb.Error as exc:
         raise QueryError(str(exc).strip()) from None
+
+
+def query_archive(
+    root: str, topics: Topics, sql: str, parameters: list[Any] | None = None
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Open the archive, run ``sql``, close; retried once when a file vanished meanwhile.
+
+    Retention (or a crash recovery) may delete a file between the listing and the read.
+    """
+    for attempt in (1, 2):
+        con = open_archive(root, topics)
+        try:
+            return run_sql(con, sql, parameters)
+        except QueryError as exc:
+            if attempt == 2 or "No such file" not in str(exc):
+                raise
+        finally:
+            con.close()
+    raise AssertionError("unreachable")
