@@ -56,7 +56,13 @@ def rotated_files(live: Path) -> list[Path]:
         for path in live.parent.iterdir()
         if path.name.startswith(prefix) and _ROTATED.search(path.name)
     ]
-    return sorted(found, key=lambda path: path.name)
+    return sorted(found, key=_rotation_order)
+
+
+def _rotation_order(path: Path) -> tuple[str, int]:
+    """Rotated files sort by their time, then by the serial that keeps equal times apart."""
+    stamp, _, serial = path.name.rpartition(".")[2].partition("-")
+    return stamp, int(serial or 0)
 
 
 class RankFileSink:

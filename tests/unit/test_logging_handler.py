@@ -26,9 +26,7 @@ class Sink:
             raise ProducerClosedError("closed")
         self.events.append({"metrics": dict(metrics), "step": step, "stage": stage, **kw})
 
-    def log_record(
-        self, level: str, levelno: int, logger: str, message: str, **kw: Any
-    ) -> None:
+    def log_record(self, level: str, levelno: int, logger: str, message: str, **kw: Any) -> None:
         if self.fail:
             raise ProducerClosedError("closed")
         self.events.append(
