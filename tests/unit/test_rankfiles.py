@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from rlpulse.producers import EventHandler, EventLogger
-from rlpulse.settings import load_settings
 from rlpulse.producers.jsonl import RankRecord, list_rank_files, read_rank_logs
 from rlpulse.producers.rankfiles import RankFileSink, rotated_files
+from rlpulse.settings import load_settings
 
 
 class Clock:
