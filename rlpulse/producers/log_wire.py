@@ -22,7 +22,7 @@ from rlpulse.producers.wire import avro_string, zigzag
 from rlpulse.schemas.codec import MAGIC, Codec
 from rlpulse.schemas.records import LogRecord
 
-__all__ = ["FAST_FINGERPRINT", "LogEncoder", "LogSource", "fit_text"]
+__all__ = ["FAST_FINGERPRINT", "LogEncoder", "LogSource", "TimestampVarint", "fit_text"]
 
 FAST_FINGERPRINT = bytes.fromhex("6db7cccdb56f4a74")
 """CRC-64-AVRO fingerprint (as on the wire) of LogRecord v1, the layout written here."""
@@ -58,6 +58,46 @@ def _long_map(values: Mapping[str, int]) -> bytes:
         return _END_OF_MAP
     pairs = b"".join(avro_string(str(k)) + zigzag(int(v)) for k, v in values.items())
     return zigzag(len(values)) + pairs + _END_OF_MAP
+
+
+class TimestampVarint:
+    """Zig-zag varints of nanosecond timestamps, the bits above the lowest 21 remembered.
+
+    A timestamp's 9-byte varint changes only in its first three bytes within ~1 ms (2**21
+    ns, after zig-zag), so those are computed and the rest reused: about a fifth of the
+    cost of :func:`~rlpulse.producers.wire.zigzag` for such numbers.
+    """
+
+    _LOW_BITS = 21
+
+    def __init__(self) -> None:
+        self._high = -1
+        self._tail = b""
+
+    def __call__(self, number: int) -> bytes:
+        """``zigzag(number)``, fast for numbers of 2**20 and more."""
+        if number < 1 << (self._LOW_BITS - 1):
+            return zigzag(number)
+        folded = number << 1
+        high = folded >> self._LOW_BITS
+        if high != self._high:
+            out = bytearray()
+            rest = high
+            while rest > 0x7F:
+                out.append((rest & 0x7F) | 0x80)
+                rest >>= 7
+            out.append(rest)
+            self._high, self._tail = high, bytes(out)
+        return (
+            bytes(
+                (
+                    (folded & 0x7F) | 0x80,
+                    ((folded >> 7) & 0x7F) | 0x80,
+                    ((folded >> 14) & 0x7F) | 0x80,
+                )
+            )
+            + self._tail
+        )
 
 
 def _optional(text: str | None) -> bytes:
@@ -98,6 +138,7 @@ class LogEncoder:
             + zigzag(source.pid)
             + avro_string(source.producer_id)
         )
+        self._timestamp = TimestampVarint()
         self._strings: dict[str, bytes] = {}
         self._levels: dict[tuple[str, int], bytes] = {}
 
@@ -156,7 +197,7 @@ class LogEncoder:
                 _RATE_ONE if sample_rate == 1.0 else _DOUBLE(sample_rate),
                 _long_map(sampled_out) if sampled_out else _END_OF_MAP,
                 self._tags,
-                zigzag(timestamp_ns),
+                self._timestamp(timestamp_ns),
                 self._host,
                 zigzag(seq),
             )

@@ -131,6 +131,7 @@ class EventLogger:
         self._topic = topics.events
         self._logs_topic = topics.logs
         self._log_encoder: LogEncoder | None = None
+        self._records_enabled = self.settings.logging.enabled
         logging_settings = self.settings.logging
         self.local: RankFileSink | None = None
         """This rank's local file (with ``logging.log_dir`` set), else None."""
@@ -294,7 +295,7 @@ class EventLogger:
         a record the worker's limits would refuse (a bad stage) is counted in
         :attr:`refused` instead.
         """
-        if not self.settings.logging.enabled:
+        if not self._records_enabled:
             return
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import re
 import uuid
@@ -31,7 +32,6 @@ _MAX_CHARS = 128
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "rlpulse_trace_id", default=None
 )
-_parsed_env: tuple[str, str | None] = ("", None)
 
 
 def new_trace_id() -> str:
@@ -62,22 +62,21 @@ def parse_trace_context(text: str) -> str | None:
 def current_trace_id() -> str | None:
     """The trace id in force: the innermost :func:`trace`, else ``$RLPULSE_TRACE_CONTEXT``.
 
-    A malformed variable counts as unset (it is reported when :func:`trace` or
-    :func:`parse_trace_context` is given it).
+    The variable is read once per process (it is what the process was started with; in code,
+    use :func:`trace`). A malformed one counts as unset (:func:`parse_trace_context` says why).
     """
     chosen = _current.get()
     if chosen is not None:
         return chosen
-    global _parsed_env  # noqa: PLW0603 -- a one-entry cache of the variable's parse
-    text = os.environ.get(TRACE_ENV, "")
-    seen, parsed = _parsed_env
-    if text != seen:
-        try:
-            parsed = parse_trace_context(text)
-        except ValueError:
-            parsed = None
-        _parsed_env = (text, parsed)
-    return parsed
+    return _from_environment()
+
+
+@functools.cache
+def _from_environment() -> str | None:
+    try:
+        return parse_trace_context(os.environ.get(TRACE_ENV, ""))
+    except ValueError:
+        return None
 
 
 @contextlib.contextmanager
@@ -85,7 +84,8 @@ def trace(trace_id: str | None = None, *, export: bool = False) -> Iterator[str]
     """Make ``trace_id`` (default: a new one) the current trace id inside the block.
 
     With ``export``, ``$RLPULSE_TRACE_CONTEXT`` is set too for the duration, so that child
-    processes started inside inherit it. Yields the id.
+    processes started inside inherit it (this process keeps using the contextvar). Yields
+    the id.
     """
     chosen = new_trace_id() if trace_id is None else parse_trace_context(trace_id)
     if chosen is None:

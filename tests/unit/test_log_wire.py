@@ -5,7 +5,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlpulse.producers.log_wire import FAST_FINGERPRINT, LogEncoder, LogSource, fit_text
+from rlpulse.producers.log_wire import (
+    FAST_FINGERPRINT,
+    LogEncoder,
+    LogSource,
+    TimestampVarint,
+    fit_text,
+)
+from rlpulse.producers.wire import zigzag
 from rlpulse.schemas import default_codec
 
 texts = st.text(max_size=40)
@@ -50,3 +57,10 @@ def test_long_text_is_cut_with_a_note_not_refused() -> None:
     assert fit_text("short", 100) == "short"
     cut = fit_text("é" * 1000, 100)
     assert len(cut.encode()) <= 100 and cut.endswith("bytes cut]")
+
+
+@given(st.lists(st.integers(0, 2**63 - 1), max_size=50), st.integers(1_700_000_000 * 10**9, 2**62))
+def test_timestamp_varints_are_zigzag(numbers: list[int], base: int) -> None:
+    varint = TimestampVarint()
+    for number in [*numbers, base, base + 1, base + 2**21, base - 5, base]:
+        assert varint(number) == zigzag(number)

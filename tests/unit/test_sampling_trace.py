@@ -81,21 +81,33 @@ def test_trace_context_parsing() -> None:
         parse_trace_context("two words")
 
 
-def test_trace_nests_and_exports_to_children(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(TRACE_ENV, "from-launcher")
-    assert current_trace_id() == "from-launcher"
+PRINT_TRACE = "from rlpulse.producers import current_trace_id as c; print(c())"
+
+
+def child_trace(env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", PRINT_TRACE], capture_output=True, text=True, check=True, env=env
+    )
+    return done.stdout.strip()
+
+
+def test_a_launcher_s_trace_context_reaches_every_process() -> None:
+    env = {k: v for k, v in os.environ.items() if k != TRACE_ENV}
+    assert child_trace(env) == "None"
+    assert child_trace({**env, TRACE_ENV: "from-launcher"}) == "from-launcher"
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert child_trace({**env, TRACE_ENV: traceparent}) == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def test_trace_nests_and_exports_to_children() -> None:
+    before = current_trace_id()
     with trace("outer"):
         with trace("inner", export=True):
             assert current_trace_id() == "inner"
-            code = "from rlpulse.producers import current_trace_id as c; print(c())"
-            child = subprocess.run(
-                [sys.executable, "-c", code],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            assert child.stdout.strip() == "inner"
+            assert child_trace(dict(os.environ)) == "inner"
         assert current_trace_id() == "outer"
-        assert os.environ[TRACE_ENV] == "from-launcher"
-    assert current_trace_id() == "from-launcher"
+        assert os.environ.get(TRACE_ENV) != "inner"
+    assert current_trace_id() == before
 
 
 def test_rlpulse_trace_new_prints_a_fresh_id() -> None:
