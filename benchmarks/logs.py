@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import TopicPartition
+
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.producers import EventHandler, EventLogger, Settings
@@ -45,6 +47,7 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import load_settings
 from rlpulse.streams.archive.store import ArchiveStore
+from rlpulse.streams.archive.tables import tables_of
 from rlpulse.transport.clients import new_consumer
 from rlpulse.transport.topics import ensure_topics
 
@@ -220,13 +223,14 @@ def bare_consumer(bootstrap: str, topic: str, total: int) -> None:
     consumer = new_consumer(settings, f"bare-{uuid.uuid4().hex}", "bare")
     consumer.subscribe([topic])
     codec = default_codec()
+    logs = tables_of(Topics(), codec)["logs"]  # the archiver's own decoding, nothing else
     count = [0]
 
     def run() -> None:
         while count[0] < total:
             for message in consumer.consume(10_000, 0.5):
                 if message.error() is None:
-                    codec.decode(message.value() or b"", "LogRecord")
+                    logs.decode(codec, message.value() or b"")
                     count[0] += 1
 
     worker = threading.Thread(target=run, daemon=True)
@@ -320,6 +324,15 @@ def paced_producer(bootstrap: str, prefix: str, rate: float, seconds: float) -> 
         events.flush(60)
 
 
+def produced_records(consumer: Any, topic: str) -> int:
+    """Records in ``topic`` so far: the sum of its partitions' end offsets."""
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    return sum(
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+        for p in partitions
+    )
+
+
 def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: float) -> None:
     best = 0
     for rate in rates:
@@ -340,17 +353,17 @@ def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: floa
             for _ in range(2)
         ]  # fmt: skip
         store = ArchiveStore(str(root))
-        start = time.monotonic()
-        lags = []
+        watcher = new_consumer(settings, f"watch-{uuid.uuid4().hex}", "lag watcher")
+        lags, produced = [], 0
         while any(p.poll() is None for p in producers):
             time.sleep(1.0)
-            elapsed = time.monotonic() - start
-            produced = min(rate * elapsed, rate * seconds)
+            produced = produced_records(watcher, topics.logs)
             lags.append(produced - archived_offsets(store, topics.logs))
+        watcher.close()
         for producer in producers:
             producer.wait()
         settle = time.monotonic()
-        while archived_offsets(store, topics.logs) < rate * seconds * 0.999:
+        while archived_offsets(store, topics.logs) < produced:
             if time.monotonic() - settle > 60:
                 break
             time.sleep(0.2)
@@ -360,8 +373,9 @@ def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: floa
         early, late = statistics.fmean(lags[1:half]), statistics.fmean(lags[half:-1])
         growing = late > early + rate * 1.5  # more than ~1.5 s of records behind, and rising
         emit(
-            "d_end_to_end", rate=rate, seconds=seconds, lag_early=round(early),
-            lag_late=round(late), drain_after_s=round(drain_s, 1), sustained=not growing,
+            "d_end_to_end", rate=rate, seconds=seconds, produced_per_s=round(produced / seconds),
+            lag_early=round(early), lag_late=round(late), drain_after_s=round(drain_s, 1),
+            sustained=not growing,
         )  # fmt: skip
         if growing:
             break

@@ -20,7 +20,7 @@ from rlpulse.streams.archive.exceptions import QueryError
 from rlpulse.streams.archive.layout import FileName, plan_resume
 from rlpulse.streams.archive.prune import prune
 from rlpulse.streams.archive.store import ArchiveStore
-from rlpulse.streams.archive.tables import Coordinates, Table, run_partition, tables_of
+from rlpulse.streams.archive.tables import Table, tables_of
 from tests.unit.test_codec import SAMPLES
 
 TOPICS = Topics("unit")
@@ -47,8 +47,8 @@ def buffered(
     buffer = PartitionBuffer(table, partition, 0.0)
     for offset, record, stamp in records:
         data = codec.encode(table.record or "", record)
-        row, run = table.row(codec, b"k", data, Coordinates.of(partition, offset, (2, stamp)))
-        buffer.add(row, run_partition(run), offset, len(data), table.stamp_ms(row))
+        row, run, stamp_ms = table.row(codec, b"k", data, partition, offset, (2, stamp))
+        buffer.add(row, run, offset, len(data), stamp_ms)
     return buffer
 
 
@@ -154,11 +154,11 @@ def test_undecodable_messages_are_kept_as_dead_letters(tmp_path: Path) -> None:
     codec = default_codec()
     for table in (tables()["logs"], tables()["dead_letters"]):
         buffer = PartitionBuffer(table, 0, 0.0)
-        row, run = table.row(
-            codec, b"run-9", b"\x00garbage", Coordinates.of(0, 5, (2, NOW_MS)),
+        row, run, stamp_ms = table.row(
+            codec, b"run-9", b"\x00garbage", 0, 5, (2, NOW_MS),
             [("rlpulse-reason", b"invalid: rank 9 outside [0, 8)"), ("rlpulse-source", "e/1/2")],
         )  # fmt: skip
-        buffer.add(row, run_partition(run), 5, 8, table.stamp_ms(row))
+        buffer.add(row, run, 5, 8, stamp_ms)
         flush(store, buffer)
     _, rows = query_archive(
         str(tmp_path),

@@ -49,7 +49,7 @@ from rlpulse.streams.archive.catalog import open_archive
 from rlpulse.streams.archive.layout import FileName, plan_resume
 from rlpulse.streams.archive.prune import cutoff_ms, prune
 from rlpulse.streams.archive.store import ArchiveStore
-from rlpulse.streams.archive.tables import Coordinates, Table, run_partition, tables_of
+from rlpulse.streams.archive.tables import Table, tables_of
 from rlpulse.transport.clients import new_consumer, new_producer
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
 
@@ -101,6 +101,7 @@ class Archiver:
         self.store = ArchiveStore(settings.archive_root)
         self.counts = ArchiverCounts()
         self._by_topic: dict[str, Table] = {table.topic: table for table in self.tables.values()}
+        self._events = self.topics.events
         self._buffers: dict[tuple[str, int], PartitionBuffer] = {}
         self._expected: dict[tuple[str, int], int] = {}
         self._say = say or log.info
@@ -136,8 +137,7 @@ class Archiver:
         )
         try:
             while not self._stop.is_set():
-                for message in consumer.consume(archive.batch_max, POLL_S):
-                    self._take(message)
+                self._take_all(consumer.consume(archive.batch_max, POLL_S))
                 now = time.monotonic()
                 self._roll(now)
                 self._prune_if_due(now)
@@ -192,48 +192,60 @@ class Archiver:
 
     # -- records ----------------------------------------------------------------------------
 
-    def _take(self, message: Message) -> None:
-        error = message.error()
-        if error is not None:
-            if error.code() != KafkaError._PARTITION_EOF:
-                self._warn(str(error.code()), "archiver: Kafka error %s", error.str())
-            return
-        topic, partition, offset = message.topic(), message.partition(), message.offset()
-        if topic is None or partition is None or offset is None:
-            return
-        table = self._by_topic[topic]
-        key = (topic, partition)
-        buffer = self._buffers.get(key)
-        if buffer is None:
-            expected = self._expected.get(key)
-            if expected is not None and offset > expected:
-                self._say(
-                    f"{topic} partition {partition}: offsets {expected}..{offset - 1} are no "
-                    "longer in Kafka (its retention deleted them before they were archived)"
-                )
-            buffer = self._buffers[key] = PartitionBuffer(table, partition, time.monotonic())
-        elif buffer.last is not None and offset <= buffer.last:
-            return  # delivered again after a seek: already buffered
-        value = message.value()
-        row, run = table.row(
-            self.codec,
-            message.key(),
-            value,
-            Coordinates.of(partition, offset, message.timestamp()),
-            _headers(message) if table.record is None else None,
-        )
-        if "decode_error" in row:
-            self.counts.undecodable += 1
-        buffer.add(row, run_partition(run), offset, len(value or b""), table.stamp_ms(row))
-        if (
-            table.name == "events"
-            and row.get("kind") == "run_end"
-            and self.settings.archive.audit
-            and run is not None
-        ):
-            self._audits.setdefault(
-                run, _PendingAudit(run, time.monotonic() + self.settings.archive.audit_delay_s)
+    def _take_all(self, messages: list[Message]) -> None:
+        """Buffer a batch of messages (the hot loop: kept free of per-message lookups)."""
+        buffers, codec, events = self._buffers, self.codec, self._events
+        for message in messages:
+            if message.error() is not None:
+                self._kafka_error(message)
+                continue
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if topic is None or partition is None or offset is None:
+                continue
+            key = (topic, partition)
+            buffer = buffers.get(key)
+            if buffer is None:
+                buffer = self._new_buffer(key, offset)
+            elif buffer.last is not None and offset <= buffer.last:
+                continue  # delivered again after a seek: already buffered
+            table = buffer.table
+            value = message.value()
+            row, run, stamp_ms = table.row(
+                codec,
+                message.key(),
+                value,
+                partition,
+                offset,
+                message.timestamp(),
+                _headers(message) if table.record is None else None,
             )
+            buffer.add(row, run, offset, len(value) if value else 0, stamp_ms)
+            if topic == events and run is not None and row.get("kind") == "run_end":
+                self._schedule_audit(run)
+            elif "decode_error" in row:
+                self.counts.undecodable += 1
+
+    def _kafka_error(self, message: Message) -> None:
+        error = message.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            self._warn(str(error.code()), "archiver: Kafka error %s", error.str())
+
+    def _new_buffer(self, key: tuple[str, int], offset: int) -> PartitionBuffer:
+        topic, partition = key
+        expected = self._expected.get(key)
+        if expected is not None and offset > expected:
+            self._say(
+                f"{topic} partition {partition}: offsets {expected}..{offset - 1} are no "
+                "longer in Kafka (its retention deleted them before they were archived)"
+            )
+        buffer = PartitionBuffer(self._by_topic[topic], partition, time.monotonic())
+        self._buffers[key] = buffer
+        return buffer
+
+    def _schedule_audit(self, run_id: str) -> None:
+        archive = self.settings.archive
+        if archive.audit and run_id not in self._audits:
+            self._audits[run_id] = _PendingAudit(run_id, time.monotonic() + archive.audit_delay_s)
 
     def _roll(self, now: float) -> None:
         archive = self.settings.archive

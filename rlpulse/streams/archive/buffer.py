@@ -13,11 +13,12 @@ from typing import Any, Final
 import pyarrow as pa
 
 from rlpulse.streams.archive.layout import FileName, relative_path
-from rlpulse.streams.archive.tables import Table, day_of
+from rlpulse.streams.archive.tables import Table, day_of, run_partition
 
 __all__ = ["BATCH_ROWS", "PartitionBuffer", "PlannedFile"]
 
 BATCH_ROWS: Final = 4096
+MS_PER_DAY: Final = 86_400_000
 
 
 @dataclass
@@ -51,33 +52,41 @@ class PartitionBuffer:
         self.records = 0
         self.bytes = 0
         """The records' message sizes, summed: what ``roll_bytes`` is compared with."""
-        self._groups: dict[tuple[str, str], _Group] = {}
+        self._struct = pa.struct(list(table.schema))
+        self._groups: dict[tuple[int, str | None], _Group] = {}
+        """Rows by (UTC day number, run id)."""
 
-    def add(self, row: dict[str, Any], run: str, offset: int, size: int, stamp_ms: int) -> None:
+    def add(
+        self, row: dict[str, Any], run: str | None, offset: int, size: int, stamp_ms: int
+    ) -> None:
         """Add the row of the message at ``offset`` (``size`` bytes, from ``stamp_ms``)."""
         if self.first is None:
             self.first = offset
         self.last = offset
         self.records += 1
         self.bytes += size
-        key = (day_of(stamp_ms), run)
+        key = (stamp_ms // MS_PER_DAY, run)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group()
-        group.rows.append(row)
-        group.newest_ms = max(group.newest_ms, stamp_ms)
-        if len(group.rows) >= BATCH_ROWS:
-            group.batches.append(self._batch(group.rows))
+        rows = group.rows
+        rows.append(row)
+        if stamp_ms > group.newest_ms:  # noqa: PLR1730 -- cheaper than max() per row
+            group.newest_ms = stamp_ms
+        if len(rows) >= BATCH_ROWS:
+            group.batches.append(self._batch(rows))
             group.rows = []
 
     def _batch(self, rows: list[dict[str, Any]]) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pylist(rows, schema=self.table.schema)
+        # pa.array of a struct type converts dicts about ten times faster than from_pylist.
+        columns = pa.array(rows, type=self._struct)
+        return pa.RecordBatch.from_struct_array(columns)
 
     def flush_plan(self) -> list[PlannedFile]:
         """The files of this buffer's flush, one per (date, run), in a fixed order."""
         if self.first is None or self.last is None:
             return []
-        keys = sorted(self._groups)
+        keys = sorted(self._groups, key=lambda key: (key[0], key[1] or ""))
         planned = []
         for index, key in enumerate(keys):
             group = self._groups[key]
@@ -87,10 +96,12 @@ class PartitionBuffer:
             name = FileName(
                 self.partition, self.first, self.last, index, len(keys), group.newest_ms
             )
-            date, run = key
+            day, run = key
             planned.append(
                 PlannedFile(
-                    relative_path(self.table.topic, date, run, name),
+                    relative_path(
+                        self.table.topic, day_of(day * MS_PER_DAY), run_partition(run), name
+                    ),
                     name,
                     pa.Table.from_batches(batches, schema=self.table.schema),
                 )

@@ -19,24 +19,25 @@ and source headers. Pure: no I/O, no Kafka client.
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from hashlib import blake2b
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import pyarrow as pa
+from fastavro import schemaless_reader
 
-from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.codec import HEADER_SIZE, MAGIC, Codec
 from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 
 __all__ = [
     "KAFKA_COLUMNS",
     "PARTITION_COLUMNS",
-    "Coordinates",
     "Table",
     "arrow_type",
     "day_of",
@@ -59,23 +60,6 @@ _MS_PER_DAY: Final = 86_400_000
 _RUN_CHARS: Final = 150  # of a run id kept in its directory name (names are <= 255 bytes)
 NO_RUN: Final = "_"
 """The ``run`` partition of records without a run id (a dead letter without a key)."""
-
-
-@dataclass(frozen=True)
-class Coordinates:
-    """Where a message was read, and the timestamp Kafka gave it."""
-
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-    timestamp_type: str | None
-
-    @classmethod
-    def of(cls, partition: int, offset: int, timestamp: tuple[int, int]) -> Coordinates:
-        """From confluent-kafka's ``message.timestamp()`` pair (type, milliseconds)."""
-        kind, value = timestamp
-        chosen = _TIMESTAMP_TYPES.get(kind)
-        return cls(partition, offset, value if chosen is not None else None, chosen)
 
 
 def arrow_type(avro: Any) -> pa.DataType:
@@ -138,6 +122,19 @@ def _text_unions(avro: Any) -> Callable[[Any], Any] | None:
     return None
 
 
+_NEWEST: dict[tuple[int, str], tuple[bytes, Any]] = {}
+
+
+def _newest(codec: Codec, record: str) -> tuple[bytes, Any]:
+    """The header and parsed schema of the newest version of ``record`` in ``codec``."""
+    key = (id(codec), record)
+    found = _NEWEST.get(key)
+    if found is None:
+        latest = codec.registry.latest(record)
+        found = _NEWEST[key] = (MAGIC + latest.fingerprint, latest.parsed)
+    return found
+
+
 @cache
 def _day(day_number: int) -> str:
     return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day_number)).isoformat()
@@ -182,50 +179,71 @@ class Table:
         codec: Codec,
         key: bytes | None,
         value: bytes | None,
-        where: Coordinates,
+        partition: int,
+        offset: int,
+        timestamp: tuple[int, int],
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
-    ) -> tuple[dict[str, Any], str | None]:
-        """The row of one message and its run id (None when it has none).
+    ) -> tuple[dict[str, Any], str | None, int]:
+        """The row of one message, its run id (None when it has none) and when it happened.
 
-        Never raises: a message that does not decode becomes a ``decode_error`` row.
+        ``timestamp`` is confluent-kafka's ``message.timestamp()`` pair (type, ms). The time
+        (ms) is Kafka's timestamp, else the record's own time, else 0: its UTC date is the
+        row's ``date`` partition, and retention goes by it. Never raises: a message that
+        does not decode becomes a ``decode_error`` row.
         """
+        kind, stamp = timestamp
+        stamp_type = _TIMESTAMP_TYPES.get(kind)
+        stamp_ms: int | None = stamp if stamp_type is not None else None
         if self.record is None:
-            return self._dead_letter(key, value, where, headers or [])
+            return self._dead_letter(key, value, partition, offset, stamp_ms, stamp_type, headers)
         try:
-            record: dict[str, Any] = codec.decode(value or b"", self.record)
+            record = self.decode(codec, value or b"")
         except DecodeError as exc:
-            run = _text(key)
-            return (
-                {**_kafka(where), "decode_error": str(exc), "raw_value": value or b""},
-                run,
-            )
+            row = _kafka(partition, offset, stamp_ms, stamp_type)
+            row["decode_error"] = str(exc)
+            row["raw_value"] = value or b""
+            return row, _text(key), stamp_ms if stamp_ms is not None and stamp_ms >= 0 else 0
         if self.convert is not None:
             record = self.convert(record)
-        record["kafka_partition"] = where.partition
-        record["kafka_offset"] = where.offset
-        record["kafka_timestamp_ms"] = where.timestamp_ms
-        record["kafka_timestamp_type"] = where.timestamp_type
-        return record, record.get("run_id")
+        record["kafka_partition"] = partition
+        record["kafka_offset"] = offset
+        record["kafka_timestamp_ms"] = stamp_ms
+        record["kafka_timestamp_type"] = stamp_type
+        if stamp_ms is None or stamp_ms < 0:
+            own = record.get(self.time_field) if self.time_field else None
+            stamp_ms = own // _NS_PER_MS if isinstance(own, int) and own >= 0 else 0
+        return record, record.get("run_id"), stamp_ms
 
-    def stamp_ms(self, row: Mapping[str, Any]) -> int:
-        """When a row happened, in ms: Kafka's timestamp, else the record's own time, else 0.
+    def decode(self, codec: Codec, data: bytes) -> dict[str, Any]:
+        """Decode one message of this table's record; :class:`DecodeError` if it is not one.
 
-        Its UTC date is the row's ``date`` partition, and retention goes by it.
+        Messages written with the newest schema (nearly all) are read straight with fastavro;
+        others (older versions, garbage) go through :meth:`Codec.decode`.
         """
-        stamp = row.get("kafka_timestamp_ms")
-        if stamp is not None and stamp >= 0:
-            return int(stamp)
-        own = row.get(self.time_field) if self.time_field else None
-        return own // _NS_PER_MS if isinstance(own, int) and own >= 0 else 0
+        header, parsed = _newest(codec, self.record or "")
+        if data[:HEADER_SIZE] != header:
+            return codec.decode(data, self.record)
+        body = io.BytesIO(data)
+        body.seek(HEADER_SIZE)
+        try:
+            record = cast(dict[str, Any], schemaless_reader(body, parsed, None))
+        except Exception:  # fastavro's assorted errors: let the codec name the failure
+            return codec.decode(data, self.record)
+        if body.tell() != len(data):
+            return codec.decode(data, self.record)
+        return record
 
     def _dead_letter(
         self,
         key: bytes | None,
         value: bytes | None,
-        where: Coordinates,
-        headers: Sequence[tuple[str, bytes | str | None]],
-    ) -> tuple[dict[str, Any], str | None]:
-        found = {name: raw.encode() if isinstance(raw, str) else raw for name, raw in headers}
+        partition: int,
+        offset: int,
+        stamp_ms: int | None,
+        stamp_type: str | None,
+        headers: Sequence[tuple[str, bytes | str | None]] | None,
+    ) -> tuple[dict[str, Any], str | None, int]:
+        found = {name: raw.encode() if isinstance(raw, str) else raw for name, raw in headers or ()}
         run = _text(key)
         row = {
             "run_id": run,
@@ -233,17 +251,19 @@ class Table:
             "source": _text(found.get(SOURCE_HEADER)),
             "key": key,
             "value": value,
-            **_kafka(where),
+            **_kafka(partition, offset, stamp_ms, stamp_type),
         }
-        return row, run
+        return row, run, stamp_ms if stamp_ms is not None and stamp_ms >= 0 else 0
 
 
-def _kafka(where: Coordinates) -> dict[str, Any]:
+def _kafka(
+    partition: int, offset: int, stamp_ms: int | None, stamp_type: str | None
+) -> dict[str, Any]:
     return {
-        "kafka_partition": where.partition,
-        "kafka_offset": where.offset,
-        "kafka_timestamp_ms": where.timestamp_ms,
-        "kafka_timestamp_type": where.timestamp_type,
+        "kafka_partition": partition,
+        "kafka_offset": offset,
+        "kafka_timestamp_ms": stamp_ms,
+        "kafka_timestamp_type": stamp_type,
     }
 
 
