@@ -110,11 +110,14 @@ def test_sigkill_while_writing_loses_and_repeats_nothing(
         return int(query(root, topics, counts)[0][0])
 
     kills = 0
-    for _ in range(6):
-        archiver.start()
-        if not kill_while_writing(archiver, root, lambda: archived() >= total):
-            break
-        kills += 1
+    try:
+        for _ in range(6):
+            archiver.start()
+            if not kill_while_writing(archiver, root, lambda: archived() >= total):
+                break
+            kills += 1
+    finally:
+        archiver.stop()  # no archiver outlives a failed test
     assert kills >= 5, archiver.log_text()  # the backlog outlasted five kills
     with archiver:
         wait_for(lambda: archived() >= total, "every record in the archive")
