@@ -25,9 +25,18 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -44,10 +53,12 @@ __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_PREFIX",
     "ENV_PREFIX",
+    "ArchiveSettings",
     "BrokerSettings",
     "EventLimits",
     "ExporterSettings",
     "JoinerSettings",
+    "LoggingSettings",
     "ProducerSettings",
     "Settings",
     "WorkerSettings",
@@ -66,6 +77,35 @@ Compression = Literal["lz4", "zstd", "snappy", "gzip", "none"]
 ClientValue = str | int | float | bool
 ActionType = Literal["stop", "checkpoint", "scale_rollout_batch", "set", "alert"]
 """The action types of a command (``rlpulse.rules.model.ACTION_TYPES``; a test keeps them equal)."""
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+_LEVEL_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+_DURATION = re.compile(r"^\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: object) -> object:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` or a number of seconds -> seconds."""
+    if isinstance(value, str):
+        found = _DURATION.match(value.lower())
+        if found is None:
+            raise ValueError(
+                f"{value!r} is not a duration: a number with s, m, h, d or w (7d, 12h, 90s)"
+            )
+        return float(found["number"]) * _UNIT_SECONDS[found["unit"]]
+    return value
+
+
+def _normal_level(value: object) -> object:
+    if isinstance(value, str):
+        upper = value.strip().upper()
+        return _LEVEL_ALIASES.get(upper, upper)
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+"""A duration in seconds, also written ``7d``, ``12h``, ``30m``, ``45s`` or ``2w``."""
+Level = Annotated[LogLevel, BeforeValidator(_normal_level)]
+"""A logging level name, any case; ``WARN`` means ``WARNING`` and ``FATAL`` ``CRITICAL``."""
 
 
 class _Section(BaseModel):
@@ -111,6 +151,10 @@ class ProducerSettings(_Section):
     )
     spool_dir: Path | None = Field(
         default=None, description="Root of the spool; unset: <home>/spool."
+    )
+    hostname: str | None = Field(
+        default=None,
+        description="The host name events and log records carry; unset: the machine's.",
     )
     spool_file_bytes: int = Field(
         default=8 * MIB, ge=4096, description="A spool file is rotated at this size."
@@ -311,6 +355,87 @@ class BrokerSettings(_Section):
         description="Client port (the controller uses port + 1); 0 picks free ports.",
     )
     heap: str = Field(default="1g", pattern=r"^\d+[kmg]$", description="The JVM's -Xmx.")
+class LoggingSettings(_Section):
+    """Text log records on the trainer side, and its local per-rank files.
+
+    Records at ``level`` and above go to ``<prefix>.logs``; DEBUG and INFO records are
+    sampled at ``sampling`` (see :class:`~rlpulse.producers.sampling.SamplingFilter`). With
+    ``log_dir`` set, every rank also writes its events and records to
+    ``<log_dir>/<component>_rank<N>.jsonl``, rotated at ``rotation`` bytes, rotated files
+    deleted ``retention`` after they were rotated.
+    """
+
+    enabled: bool = Field(default=True, description="Publish log records at all.")
+    level: Level = Field(default="INFO", description="Lowest level published (WARN = WARNING).")
+    format: Literal["json"] = Field(default="json", description="Format of the local files.")
+    log_dir: Path | None = Field(default=None, description="Directory of the per-rank files.")
+    component: str = Field(
+        default="trainer",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="First part of the per-rank file names: <component>_rank<N>.jsonl.",
+    )
+    rotation: ByteSize = Field(
+        default=ByteSize(10**9), ge=1024, description="A local file is rotated at this size."
+    )
+    retention: Seconds = Field(
+        default=7 * 86400.0, gt=0, description="Rotated local files are deleted after this."
+    )
+    sampling: float = Field(
+        default=1.0, gt=0, le=1, description="Share of DEBUG and INFO records kept."
+    )
+    queue_max: int = Field(
+        default=100_000,
+        ge=1,
+        description="Lines waiting for the local file writer; beyond it lines are dropped.",
+    )
+
+
+class ArchiveSettings(_Section):
+    """The archiver: every topic to Parquet, rolled, retained, audited."""
+
+    root: str | None = Field(
+        default=None,
+        description="A directory or a pyarrow filesystem URI (s3://...); unset: <home>/archive.",
+    )
+    group_id: str | None = Field(
+        default=None, description="The archivers' consumer group; unset: <prefix>-archive."
+    )
+    instance_id: str | None = Field(
+        default=None,
+        description="Static group membership: a restarted archiver with the same id gets its "
+        "partitions back at once, without waiting out the session timeout.",
+    )
+    session_timeout_s: Seconds = Field(
+        default=45.0, ge=6, description="How long the group waits for a silent archiver."
+    )
+    roll_bytes: ByteSize = Field(
+        default=ByteSize(64 * 10**6),
+        ge=1,
+        description="A partition's buffer is written out when its records reach this size.",
+    )
+    roll_s: Seconds = Field(
+        default=300.0, gt=0, description="... or when its oldest record waited this long."
+    )
+    retention_days: float = Field(
+        default=30.0, gt=0, description="Archived records older than this are deleted."
+    )
+    prune_interval_s: Seconds = Field(
+        default=3600.0, gt=0, description="How often the archiver enforces the retention."
+    )
+    compression: Compression = Field(default="zstd", description="Parquet compression.")
+    batch_max: int = Field(default=10_000, ge=1, description="Most messages taken per poll.")
+    audit: bool = Field(default=True, description="Audit each run that ended; publish it.")
+    audit_delay_s: Seconds = Field(
+        default=10.0, ge=0, description="Wait after a run_end before auditing the run."
+    )
+    audit_wait_s: Seconds = Field(
+        default=600.0,
+        ge=0,
+        description="How long an audit waits for other archivers to write the run's records.",
+    )
+    startup_timeout_s: Seconds = Field(
+        default=120.0, gt=0, description="How long start-up waits for Kafka."
+    )
 
 
 class Settings(BaseSettings):
@@ -345,6 +470,8 @@ class Settings(BaseSettings):
     producer: ProducerSettings = ProducerSettings()
     worker: WorkerSettings = WorkerSettings()
     exporter: ExporterSettings = ExporterSettings()
+    logging: LoggingSettings = LoggingSettings()
+    archive: ArchiveSettings = ArchiveSettings()
 
     secret_fields: ClassVar[frozenset[str]] = frozenset()
     """Dotted names whose values ``rlpulse config show`` masks."""
@@ -395,6 +522,14 @@ class Settings(BaseSettings):
     def exporter_group(self) -> str:
         """The exporter's Kafka consumer group."""
         return self.exporter.group_id or f"{self.prefix}-exporter"
+    def archive_root(self) -> str:
+        """Where the archive lives: a directory or a pyarrow filesystem URI."""
+        return self.archive.root or str(self.home / "archive")
+
+    @property
+    def archive_group(self) -> str:
+        """The archivers' Kafka consumer group."""
+        return self.archive.group_id or f"{self.prefix}-archive"
 
     @property
     def spool_root(self) -> Path:

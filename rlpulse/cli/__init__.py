@@ -10,13 +10,19 @@ from __future__ import annotations
 import typer
 
 from rlpulse.cli.aggregate import aggregate
+from rlpulse.cli.archive import archive_app
+from rlpulse.cli.audit import audit
 from rlpulse.cli.broker import broker_app
 from rlpulse.cli.config import config_app
 from rlpulse.cli.control import control_app
 from rlpulse.cli.demo import demo
+from rlpulse.cli.diagnose import diagnose
 from rlpulse.cli.exporter import exporter
+from rlpulse.cli.query import query
 from rlpulse.cli.replay import replay
 from rlpulse.cli.rules import rules_app
+from rlpulse.cli.show import show
+from rlpulse.cli.trace import trace_app
 from rlpulse.cli.worker import worker
 
 __all__ = ["app", "main"]
@@ -35,6 +41,12 @@ app.command("exporter")(exporter)
 app.command("demo")(demo)
 app.command("replay")(replay)
 app.command("aggregate")(aggregate)
+app.add_typer(archive_app, name="archive")
+app.add_typer(trace_app, name="trace")
+app.command("query")(query)
+app.command("diagnose")(diagnose)
+app.command("show")(show)
+app.command("audit")(audit)
 
 
 def main() -> None:

@@ -2,9 +2,10 @@
 
 ``RunLink`` is the one object a training loop needs; ``EventLogger`` and ``ControlClient``
 are its two halves, ``CommandBus`` hands rank 0's commands to every rank, and
-``EventHandler`` publishes ``logging`` records, ``RankLogWriter`` writes the per-rank JSON
-Lines layout. ``Settings`` (from :mod:`rlpulse.settings`) says where Kafka is and how the
-clients behave. Imports confluent-kafka, pydantic and ``rlpulse.schemas`` (never faust).
+``EventHandler`` publishes ``logging`` records (text ones to ``<prefix>.logs``),
+``SamplingFilter`` samples chatty ones, ``trace`` sets the trace id they carry, and
+``RankLogWriter`` writes the per-rank JSON Lines layout. ``Settings`` (from
+:mod:`rlpulse.settings`) says where Kafka is and how the clients behave. Imports confluent-kafka, pydantic and ``rlpulse.schemas`` (never faust).
 """
 
 # `producers/` at the repository root is a link to this folder (docs/design.md, "Layout"):
@@ -28,6 +29,8 @@ from rlpulse.producers.jsonl import RankLogWriter
 from rlpulse.producers.link import RunLink
 from rlpulse.producers.logger import EventLogger
 from rlpulse.producers.logging_handler import EventHandler
+from rlpulse.producers.sampling import SamplingFilter
+from rlpulse.producers.trace import current_trace_id, new_trace_id, trace
 from rlpulse.settings import Settings
 
 __all__ = [
@@ -44,7 +47,11 @@ __all__ = [
     "RankLogWriter",
     "RefusedSourceError",
     "RunLink",
+    "SamplingFilter",
     "Settings",
     "StopRequested",
+    "current_trace_id",
+    "new_trace_id",
     "single_process_broadcast",
+    "trace",
 ]

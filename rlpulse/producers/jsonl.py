@@ -45,6 +45,7 @@ from rlpulse.schemas.validation import stage_problem
 __all__ = [
     "DEFAULT_COMPONENT",
     "EVENT_FIELDS",
+    "LOG_KIND",
     "MalformedLine",
     "RankFile",
     "RankLogWriter",
@@ -60,6 +61,8 @@ __all__ = [
 
 EVENT_FIELDS: Final = frozenset(TrainerEvent.__required_keys__ | TrainerEvent.__optional_keys__)
 """Names that are never metrics in a per-rank line: the fields of a TrainerEvent."""
+LOG_KIND: Final = "log"
+"""The ``kind`` of a line that holds a log record rather than metrics."""
 
 _RANK_FILE = re.compile(r"(?:(?P<component>.+)_)?rank(?P<rank>\d+)\.jsonl")
 DEFAULT_COMPONENT: Final = "trainer"
@@ -326,13 +329,16 @@ def read_rank_file(file: RankFile) -> Iterator[RankRecord | MalformedLine]:
 
     Malformed besides bad JSON: ``step`` missing or not an int >= 0, ``stage`` not a
     non-empty string without ``|``, ``rank`` other than the file's, ``timestamp_ns`` not
-    an int.
+    an int. Log record lines (``"kind": "log"``, see :mod:`rlpulse.producers.rankfiles`)
+    are not metrics and are skipped.
     """
     for item in read_json_lines(file.path):
         if isinstance(item, MalformedLine):
             yield item
             continue
         number, fields = item
+        if fields.get("kind") == LOG_KIND:
+            continue
         problem = _rank_line_problem(fields, file)
         if problem is not None:
             text = json.dumps(fields, separators=(",", ":"))[:_SHOWN_CHARS]

@@ -105,6 +105,11 @@ class RunLink:
         return self.events.run_id
 
     @property
+    def settings(self) -> Settings:
+        """The settings this link was built with."""
+        return self.events.settings
+
+    @property
     def rank(self) -> int:
         """The rank of this process."""
         return self.events.rank
@@ -140,6 +145,36 @@ class RunLink:
             world_size=world_size,
             policy_version=policy_version,
             trace_id=trace_id,
+        )
+
+    def log_record(
+        self,
+        level: str,
+        levelno: int,
+        logger: str,
+        message: str,
+        *,
+        step: int | None = None,
+        stage: str = "trainer",
+        exception: str | None = None,
+        trace_id: str | None = None,
+        fields: Mapping[str, str] | None = None,
+        sample_rate: float = 1.0,
+        sampled_out: Mapping[str, int] | None = None,
+    ) -> None:
+        """Publish one text log record; see :meth:`EventLogger.log_record`."""
+        self.events.log_record(
+            level,
+            levelno,
+            logger,
+            message,
+            step=step,
+            stage=stage,
+            exception=exception,
+            trace_id=trace_id,
+            fields=fields,
+            sample_rate=sample_rate,
+            sampled_out=sampled_out,
         )
 
     def run_start(self, step: int = 0) -> None:

@@ -1,4 +1,10 @@
-"""The run-scoped event logger: TrainerEvents from a training loop to ``<prefix>.events``."""
+"""The run-scoped event logger: TrainerEvents to ``<prefix>.events``, LogRecords to ``.logs``.
+
+Both kinds share one producer, one spool and one ``seq`` counter, so the archive's audit
+sees a producer's every record, whichever topic it went to, as one numbered sequence. With
+``logging.log_dir`` set, metrics events and log records are also written to this rank's
+local file (:mod:`rlpulse.producers.rankfiles`), off the training thread.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
-from functools import partial
+from functools import cache, partial
 from types import TracebackType
 from typing import get_args
 
@@ -32,6 +38,9 @@ from rlpulse.producers.exceptions import (
     ProducerClosedError,
     RefusedSourceError,
 )
+from rlpulse.producers.jsonl import EVENT_FIELDS, LOG_KIND
+from rlpulse.producers.log_wire import LogEncoder, LogSource
+from rlpulse.producers.rankfiles import RankFileSink
 from rlpulse.producers.spool import Spool, SpooledEvent, run_spool_dir, spool_files
 from rlpulse.producers.wire import EventEncoder, EventSource, RefusedEvent
 from rlpulse.schemas.codec import default_codec
@@ -53,6 +62,16 @@ log = logging.getLogger(__name__)
 _warn_refused = WarnOnce(log)
 
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
+_TEXT_HEADROOM = 8192  # bytes of a log record's size limit kept for its other fields
+
+
+@cache
+def host_ip() -> str:
+    """The address this machine's name resolves to (usually via ``/etc/hosts``), else ""."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return ""
 
 
 class EventLogger:
@@ -90,7 +109,7 @@ class EventLogger:
         self.tags = string_map("tags", tags)
         self.settings = settings if settings is not None else Settings()
         self.producer_id = uuid.uuid4().hex
-        self.hostname = socket.gethostname()
+        self.hostname = self.settings.producer.hostname or socket.gethostname()
         self._limits = self.settings.limits
         problem = run_problem(self.run_id, self.attempt, self._limits) or count_problem(
             0, len(self.tags), self._limits
@@ -106,7 +125,25 @@ class EventLogger:
         """Where this logger spools what it cannot deliver."""
         self.refused: dict[str, int] = {}
         """Events ``log()`` refused because the worker would dead-letter them, per reason code."""
-        self._topic = Topics(self.settings.prefix).events
+        self.last_step = 0
+        """The step of the last metrics event; log records given no step get it."""
+        topics = Topics(self.settings.prefix)
+        self._topic = topics.events
+        self._logs_topic = topics.logs
+        self._log_encoder: LogEncoder | None = None
+        self._records_enabled = self.settings.logging.enabled
+        logging_settings = self.settings.logging
+        self.local: RankFileSink | None = None
+        """This rank's local file (with ``logging.log_dir`` set), else None."""
+        if logging_settings.log_dir is not None:
+            self.local = RankFileSink(
+                logging_settings.log_dir,
+                logging_settings.component,
+                self.rank,
+                rotation_bytes=int(logging_settings.rotation),
+                retention_s=logging_settings.retention,
+                queue_max=logging_settings.queue_max,
+            )
         self._key = self.run_id.encode()
         self._good_stages: set[str] = set()
         self._encoder = EventEncoder(
@@ -229,21 +266,120 @@ class EventLogger:
                 self._refuse(problem)
                 return
             self._seq = seq + 1
-            if self._producer is None or self._pump is None:
-                self._start()
-            pump = self._pump
-            assert self._producer is not None and pump is not None
-            if pump.spooling:  # keep the order: younger events wait behind spooled ones
-                pump.hold(self._spooled(value, seq))
+            self._send(self._topic, value, seq)
+        if kind == "metrics":
+            self.last_step = step
+            if self.local is not None:
+                self._write_metrics(step, stage, metrics, seq)
+
+    def log_record(
+        self,
+        level: str,
+        levelno: int,
+        logger: str,
+        message: str,
+        *,
+        step: int | None = None,
+        stage: str = "trainer",
+        exception: str | None = None,
+        trace_id: str | None = None,
+        fields: Mapping[str, str] | None = None,
+        sample_rate: float = 1.0,
+        sampled_out: Mapping[str, int] | None = None,
+    ) -> None:
+        """Publish one text log record to ``<prefix>.logs``; returns in microseconds.
+
+        ``step`` defaults to the step of the last metrics event (:attr:`last_step`). Text
+        longer than a record may hold is cut, with a note of how much. Does nothing with
+        ``logging.enabled`` off. Like :meth:`log`, it never raises for transport trouble;
+        a record the worker's limits would refuse (a bad stage) is counted in
+        :attr:`refused` instead.
+        """
+        if not self._records_enabled:
+            return
+        if self._closed:
+            raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+        step = self.last_step if step is None else require_int("step", step, LONG_MIN, LONG_MAX)
+        if stage not in self._good_stages:
+            problem = stage_problem(stage) or name_problem(stage, self._limits)
+            if problem is not None:
+                self._refuse(problem)
                 return
-            try:
-                self._producer.produce(
-                    self._topic, value, self._key, on_delivery=partial(pump.report, seq)
-                )
-            except BufferError:
-                pump.overflow(self._spooled(value, seq), "librdkafka's local queue is full")
-            except KafkaException as exc:
-                pump.overflow(self._spooled(value, seq), f"librdkafka refused it ({exc})")
+            self._good_stages.add(stage)
+        timestamp_ns = time.time_ns()
+        with self._lock:
+            if self._closed:
+                raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+            encoder = self._log_encoder or self._new_log_encoder()
+            seq = self._seq
+            value = encoder.encode(
+                step, stage, level, levelno, logger, message, timestamp_ns, seq,
+                exception=exception, trace_id=trace_id, fields=fields,
+                sample_rate=sample_rate, sampled_out=sampled_out,
+            )  # fmt: skip
+            problem = size_problem(len(value), self._limits)
+            if problem is not None:
+                self._refuse(problem)
+                return
+            self._seq = seq + 1
+            self._send(self._logs_topic, value, seq)
+        if self.local is not None:
+            line = encoder.record(
+                step, stage, level, levelno, logger, message, timestamp_ns, seq,
+                exception=exception, trace_id=trace_id, fields=fields,
+                sample_rate=sample_rate, sampled_out=sampled_out,
+            )  # fmt: skip
+            self.local.put({"kind": LOG_KIND, **line})
+
+    def _send(self, topic: str, value: bytes, seq: int) -> None:
+        """Hand an encoded record to librdkafka, or to the spool in spool mode (under the lock)."""
+        if self._producer is None or self._pump is None:
+            self._start()
+        pump = self._pump
+        assert self._producer is not None and pump is not None
+        if pump.spooling:  # keep the order: younger events wait behind spooled ones
+            pump.hold(self._spooled(topic, value, seq))
+            return
+        try:
+            self._producer.produce(topic, value, self._key, on_delivery=partial(pump.report, seq))
+        except BufferError:
+            pump.overflow(self._spooled(topic, value, seq), "librdkafka's local queue is full")
+        except KafkaException as exc:
+            pump.overflow(self._spooled(topic, value, seq), f"librdkafka refused it ({exc})")
+
+    def _new_log_encoder(self) -> LogEncoder:
+        """The log record encoder, made with the first record (it resolves the host's IP)."""
+        self._log_encoder = LogEncoder(
+            LogSource(
+                run_id=self.run_id,
+                attempt=self.attempt,
+                rank=self.rank,
+                tags=self.tags,
+                hostname=self.hostname,
+                host_ip=host_ip(),
+                pid=os.getpid(),
+                producer_id=self.producer_id,
+            ),
+            default_codec(),
+            max(256, (self._limits.max_event_bytes - _TEXT_HEADROOM) // 2),
+        )
+        return self._log_encoder
+
+    def _write_metrics(self, step: int, stage: str, metrics: Mapping[str, float], seq: int) -> None:
+        """Hand a metrics event to the local file (the layout of :mod:`rlpulse.producers.jsonl`)."""
+        assert self.local is not None
+        line: dict[str, object] = {"stage": stage, "step": step, "rank": self.rank}
+        for name, value in metrics.items():
+            if name not in EVENT_FIELDS:  # a metric named like a field cannot be told apart
+                line[name] = float(value)
+        line["timestamp_ns"] = time.time_ns()
+        line["hostname"] = self.hostname
+        line["pid"] = os.getpid()
+        line["run_id"] = self.run_id
+        line["attempt"] = self.attempt
+        line["producer_id"] = self.producer_id
+        line["seq"] = seq
+        self.local.put(line)
 
     def _placement_problem(
         self, stage: str, step: int, world_size: int, metrics: Mapping[str, float]
@@ -287,6 +423,8 @@ class EventLogger:
         Returns how many events are still in memory (see :attr:`pending`); events
         in the spool are not counted (see :attr:`spooled` and :attr:`replayed`).
         """
+        if self.local is not None:
+            self.local.flush(timeout_s)
         with self._lock:
             producer, pump = self._producer, self._pump
         if producer is None or pump is None:
@@ -305,6 +443,8 @@ class EventLogger:
                 return 0
             self._closed = True
             pump, self._pump, self._producer = self._pump, None, None
+        if self.local is not None:
+            self.local.close()
         if pump is None:
             return 0
         if self._at_exit is not None:
@@ -353,8 +493,8 @@ class EventLogger:
         self._at_exit = partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
 
-    def _spooled(self, value: bytes, seq: int) -> SpooledEvent:
-        return SpooledEvent(self._topic, self._key, value, self.producer_id, seq)
+    def _spooled(self, topic: str, value: bytes, seq: int) -> SpooledEvent:
+        return SpooledEvent(topic, self._key, value, self.producer_id, seq)
 
 
 def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:

@@ -1,4 +1,4 @@
-"""A ``logging.Handler`` that publishes log records as TrainerEvents.
+"""A ``logging.Handler`` that publishes log records: dicts as metrics, text as LogRecords.
 
 Many trainers log structured records, one dict per stage and step::
 
@@ -10,10 +10,19 @@ A dict message becomes a ``metrics`` event: ``step`` and ``stage`` (default: the
 handler's ``stage``) say where it belongs, numbers become metrics (nested dicts are
 flattened with ``/``: ``{"actor": {"loss": 1}}`` is ``actor/loss``), ``world_size``
 overrides the logger's, and any other field (strings, lists, ...) is kept as JSON in
-the event's ``message``. Any other message becomes a ``log`` event with the record's
-level and formatted text, at the step given by ``extra={"step": ...}`` or else the
-last step the handler saw. Records of rlpulse's own loggers are ignored, so the
-handler can sit on the root logger without feeding on itself.
+the event's ``message``. Any other message becomes a
+:class:`~rlpulse.schemas.records.LogRecord` on ``<prefix>.logs`` (never read by the
+worker): level, logger name, the message, the formatted traceback of ``exc_info``, the
+trace id (``extra={"trace_id": ...}``, else the current trace context of
+:mod:`rlpulse.producers.trace`), the step (``extra={"step": ...}``, else the last step
+logged), the stage (``extra={"stage": ...}``) and every other ``extra`` field as text.
+Records of rlpulse's own loggers are ignored, so the handler can sit on the root logger
+without feeding on itself.
+
+Settings (``logging.*`` of the sink's settings) apply to text records only, never to
+dict (metrics) records: ``level`` is the lowest level published, ``sampling`` below 1
+samples DEBUG and INFO with a :class:`~rlpulse.producers.sampling.SamplingFilter`, and
+``enabled: false`` drops them all.
 """
 
 from __future__ import annotations
@@ -24,10 +33,24 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from rlpulse.producers.sampling import RATE_ATTR, SAMPLED_OUT_ATTR, SamplingFilter
+from rlpulse.producers.trace import current_trace_id
 from rlpulse.schemas.records import EventKind
+from rlpulse.settings import Settings
 
 _OWN_LOGGERS = "rlpulse"
 _NOT_NUMBERS = (str, bytes, bytearray)
+_PLAIN_RECORD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+    "step",
+    "stage",
+    "trace_id",
+    RATE_ATTR,
+    SAMPLED_OUT_ATTR,
+}
+_PLAIN_SIZE = len(logging.LogRecord("", 0, "", 0, "", None, None).__dict__)
 
 
 class EventSink(Protocol):
@@ -46,16 +69,49 @@ class EventSink(Protocol):
     ) -> None:
         """Publish one event."""
 
+    def log_record(
+        self,
+        level: str,
+        levelno: int,
+        logger: str,
+        message: str,
+        *,
+        step: int | None = ...,
+        stage: str = ...,
+        exception: str | None = ...,
+        trace_id: str | None = ...,
+        fields: Mapping[str, str] | None = ...,
+        sample_rate: float = ...,
+        sampled_out: Mapping[str, int] | None = ...,
+    ) -> None:
+        """Publish one text log record."""
+
 
 class EventHandler(logging.Handler):
-    """Publishes each record as a TrainerEvent through ``sink`` (see the module docs)."""
+    """Publishes each record through ``sink``: dicts as metrics events, text as LogRecords.
 
-    def __init__(self, sink: EventSink, *, stage: str = "trainer", level: int = logging.NOTSET):
+    ``level`` is the handler's own level (for every record); the ``logging.*`` settings of
+    the sink (see the module docs) apply to text records on top of it.
+    """
+
+    def __init__(
+        self, sink: EventSink, *, stage: str = "trainer", level: int | str = logging.NOTSET
+    ) -> None:
         super().__init__(level)
         self.sink = sink
         self.stage = stage
-        self.last_step = 0
-        """The step of the last dict record; ``log`` events without a step get it."""
+        chosen = getattr(sink, "settings", None)
+        logging_settings = (chosen if isinstance(chosen, Settings) else Settings()).logging
+        self.enabled = logging_settings.enabled
+        """Whether text records are published (the ``logging.enabled`` setting)."""
+        self.text_level: int = logging.getLevelName(logging_settings.level)
+        """The lowest level of text records published (the ``logging.level`` setting)."""
+        self.sampler = (
+            SamplingFilter(logging_settings.sampling) if logging_settings.sampling < 1 else None
+        )
+        """The sampling of DEBUG and INFO text records (``logging.sampling`` < 1), or None."""
+        self.last_step: int | None = None
+        """The step of the last dict record; text records without a step get it."""
         self._busy = threading.local()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -89,7 +145,7 @@ class EventHandler(logging.Handler):
             others.pop(key, None)
         self.sink.log(
             metrics,
-            self.last_step,
+            self.last_step or 0,
             stage if isinstance(stage, str) and stage else self.stage,
             level=record.levelname,
             message=json.dumps(others, default=str) if others else None,
@@ -97,16 +153,47 @@ class EventHandler(logging.Handler):
         )
 
     def _emit_text(self, record: logging.LogRecord) -> None:
-        step = getattr(record, "step", None)
-        stage = getattr(record, "stage", None)
-        self.sink.log(
-            {},
-            step if isinstance(step, int) and not isinstance(step, bool) else self.last_step,
-            stage if isinstance(stage, str) and stage else self.stage,
-            kind="log",
-            level=record.levelname,
-            message=self.format(record),
+        if not self.enabled or record.levelno < self.text_level:
+            return
+        if self.sampler is not None and not self.sampler.filter(record):
+            return
+        extras = record.__dict__
+        step = extras.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            step = self.last_step
+        stage = extras.get("stage")
+        trace_id = extras.get("trace_id")
+        if not isinstance(trace_id, str) or not trace_id:
+            trace_id = current_trace_id()
+        exception = None
+        if record.exc_info:
+            exception = record.exc_text or self._formatter().formatException(record.exc_info)
+        elif record.exc_text:
+            exception = record.exc_text
+        if record.stack_info:
+            exception = f"{exception}\n{record.stack_info}" if exception else record.stack_info
+        fields = None
+        if len(extras) > _PLAIN_SIZE:
+            fields = {k: str(v) for k, v in extras.items() if k not in _PLAIN_RECORD}
+        self.sink.log_record(
+            record.levelname,
+            record.levelno,
+            record.name,
+            record.getMessage(),
+            step=step,
+            stage=stage if isinstance(stage, str) and stage else self.stage,
+            exception=exception,
+            trace_id=trace_id,
+            fields=fields,
+            sample_rate=extras.get(RATE_ATTR, 1.0),
+            sampled_out=extras.get(SAMPLED_OUT_ATTR),
         )
+
+    def _formatter(self) -> logging.Formatter:
+        return self.formatter or _PLAIN_FORMATTER
+
+
+_PLAIN_FORMATTER = logging.Formatter()
 
 
 def _split(

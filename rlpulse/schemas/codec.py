@@ -23,13 +23,27 @@ from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from rlpulse.schemas.exceptions import DecodeError, DecodeFailure, EncodeError
-from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary, TrainerEvent
+from rlpulse.schemas.records import (
+    AuditReport,
+    CommandAck,
+    ControlCommand,
+    LogRecord,
+    StepSummary,
+    TrainerEvent,
+)
 
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = len(MAGIC) + 8
 _FILE_NAME = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
 
-RECORD_NAMES = ("TrainerEvent", "StepSummary", "ControlCommand", "CommandAck")
+RECORD_NAMES = (
+    "TrainerEvent",
+    "StepSummary",
+    "ControlCommand",
+    "CommandAck",
+    "LogRecord",
+    "AuditReport",
+)
 
 
 @dataclass(frozen=True)
@@ -156,6 +170,14 @@ class Codec:
     def decode_ack(self, data: bytes) -> CommandAck:
         """Decode a ``CommandAck``."""
         return cast(CommandAck, self.decode(data, "CommandAck"))
+
+    def decode_log(self, data: bytes) -> LogRecord:
+        """Decode a ``LogRecord``."""
+        return cast(LogRecord, self.decode(data, "LogRecord"))
+
+    def decode_audit(self, data: bytes) -> AuditReport:
+        """Decode an ``AuditReport``."""
+        return cast(AuditReport, self.decode(data, "AuditReport"))
 
 
 @cache

@@ -1,4 +1,4 @@
-"""Typed views of the four wire records.
+"""Typed views of the wire records.
 
 Decoded records are plain dicts (what fastavro reads and writes, and the cheapest
 shape to move through the pipeline); these ``TypedDict``s give them names and
@@ -112,3 +112,64 @@ class CommandAck(TypedDict):
     applied_at_step: int | None
     detail: dict[str, str]
     acked_ns: int
+
+
+class LogRecord(TypedDict):
+    """One text log record of one trainer process (``<prefix>.logs``)."""
+
+    run_id: str
+    attempt: int
+    step: int
+    stage: str
+    rank: int
+    level: str
+    levelno: int
+    logger: str
+    message: str
+    exception: str | None
+    trace_id: str | None
+    fields: dict[str, str]
+    sample_rate: float
+    sampled_out: dict[str, int]
+    tags: dict[str, str]
+    timestamp_ns: int
+    hostname: str
+    host_ip: str
+    pid: int
+    producer_id: str
+    seq: int
+
+
+class SequenceGap(TypedDict):
+    """Sequence numbers of one producer that the archive does not hold."""
+
+    producer_id: str
+    hostname: str
+    rank: int
+    first_seq: int
+    last_seq: int
+
+
+class HostClock(TypedDict):
+    """How far one host's clock seems to lag the broker's."""
+
+    hostname: str
+    offset_ms: float
+    records: int
+
+
+class AuditReport(TypedDict):
+    """The integrity audit of one run, as found in the archive."""
+
+    run_id: str
+    audited_ns: int
+    ok: bool
+    producers: int
+    received: int
+    lost: int
+    duplicates: int
+    gaps: list[SequenceGap]
+    steps_with_missing_ranks: int
+    dead_letters: int
+    clocks: list[HostClock]
+    summary: str

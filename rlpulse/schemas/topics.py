@@ -36,6 +36,16 @@ class Topics:
         return f"{self.prefix}.acks"
 
     @property
+    def logs(self) -> str:
+        """LogRecord (the trainers' text log records), keyed by run id; never read by the worker."""
+        return f"{self.prefix}.logs"
+
+    @property
+    def audits(self) -> str:
+        """AuditReport, one per run the archiver audited, keyed by run id."""
+        return f"{self.prefix}.audits"
+
+    @property
     def rules(self) -> str:
         """Validated rule files (compacted), keyed by rule set name."""
         return f"{self.prefix}.rules"
@@ -56,7 +66,15 @@ class Topics:
 
     def all(self) -> tuple[str, ...]:
         """Every topic, in creation order."""
-        return (*self.keyed_by_run(), self.rules, self.dlq)
+        return (*self.keyed_by_run(), self.rules, self.dlq, self.logs, self.audits)
+
+    def stamped_by_broker(self) -> tuple[str, ...]:
+        """Topics whose record timestamps the broker sets (``LogAppendTime``).
+
+        The trainers' events and log records: the audit compares each host's clock with the
+        broker's through them.
+        """
+        return (self.events, self.logs)
 
 
 RULES_KEY = b"rules"

@@ -15,7 +15,7 @@ from rlpulse.settings import Settings
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError
 
-__all__ = ["delete_topics", "ensure_topics", "wanted_partitions"]
+__all__ = ["delete_topics", "ensure_topics", "topic_config", "wanted_partitions"]
 
 
 def wanted_partitions(topics: Topics, partitions: int) -> dict[str, int]:
@@ -23,9 +23,12 @@ def wanted_partitions(topics: Topics, partitions: int) -> dict[str, int]:
 
     The run-keyed topics share one partition count, since the worker's tables are
     co-partitioned with its inputs; the rules topic has one partition (it holds one record).
+    The log records and the audits are keyed by run too, with as many partitions.
     """
     wanted = dict.fromkeys(topics.keyed_by_run(), partitions)
     wanted[topics.dlq] = partitions
+    wanted[topics.logs] = partitions
+    wanted[topics.audits] = partitions
     wanted[topics.rules] = 1
     return wanted
 
@@ -58,7 +61,7 @@ def ensure_topics(
             name,
             num_partitions=want,
             replication_factor=-1,
-            config={"cleanup.policy": "compact"} if name == names.rules else {},
+            config=topic_config(names, name),
         )
         for name, want in wanted.items()
         if name not in existing
@@ -71,6 +74,15 @@ def ensure_topics(
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise TopicError(f"could not create topic {name}: {exc}") from exc
     wait_for_leaders(admin, wanted, timeout_s)
+
+
+def topic_config(topics: Topics, name: str) -> dict[str, str]:
+    """The topic-level configuration rlpulse creates topic ``name`` with."""
+    if name == topics.rules:
+        return {"cleanup.policy": "compact"}
+    if name in topics.stamped_by_broker():
+        return {"message.timestamp.type": "LogAppendTime"}
+    return {}
 
 
 def wait_for_leaders(admin: AdminClient, wanted: dict[str, int], timeout_s: float) -> None:

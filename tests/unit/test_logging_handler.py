@@ -1,4 +1,4 @@
-"""EventHandler: stdlib logging records to TrainerEvents, against a recording sink (no broker)."""
+"""EventHandler: stdlib logging records to events and log records, against a recording sink."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ class Sink:
         if self.fail:
             raise ProducerClosedError("closed")
         self.events.append({"metrics": dict(metrics), "step": step, "stage": stage, **kw})
+
+    def log_record(self, level: str, levelno: int, logger: str, message: str, **kw: Any) -> None:
+        if self.fail:
+            raise ProducerClosedError("closed")
+        self.events.append(
+            {"kind": "log", "level": level, "levelno": levelno, "logger": logger,
+             "message": message, **kw}
+        )  # fmt: skip
 
 
 @pytest.fixture

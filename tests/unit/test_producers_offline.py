@@ -192,9 +192,13 @@ def test_public_api() -> None:
         "RankLogWriter",
         "RefusedSourceError",
         "RunLink",
+        "SamplingFilter",
         "Settings",
         "StopRequested",
+        "current_trace_id",
+        "new_trace_id",
         "single_process_broadcast",
+        "trace",
     ]
     for name in rlpulse.producers.__all__:
         assert getattr(rlpulse.producers, name).__doc__

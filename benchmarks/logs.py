@@ -1,0 +1,467 @@
+"""What logs cost and how fast they are archived: the four measurements of issue 12.
+
+(a) ``logger.info("step %s loss %s", ...)`` through rlpulse's ``EventHandler`` (broker up)
+    against the same call through a ``logging.FileHandler``: p50/p99 per call, in µs.
+    Target: rlpulse p50 at most 1.5x the FileHandler's.
+(b) A CPU training loop (a small torch MLP; 20 metrics and 100 log records per step) with
+    rlpulse against the same loop without it (the log calls go to a ``NullHandler``):
+    percent slower, median step time over interleaved rounds. Target: under 3 %.
+(c) Draining a backlog of log records: one archiver process against a bare confluent-kafka
+    consumer that only decodes the same records (each its own process), then two archiver
+    processes of one group. Rates are taken between 10 % and 90 % of the backlog (steady
+    state, without start-up). Targets: one archiver >= 0.7 of the bare consumer;
+    100,000 records/s with at most two archivers.
+(d) End to end: producer processes log at a fixed total rate for a while, one archiver
+    writes Parquet; the highest rate whose archive lag did not grow. Reported.
+
+Prints one JSON object per line (``"bench": "logs"``). Needs torch for (b). Starts its own
+Kafka broker unless ``RLPULSE_BOOTSTRAP`` is set. ``--profile`` prints where one archiver
+spends its time draining (cProfile, top functions) to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import logging
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from rlpulse.local.archiver_process import ArchiverProcess
+from rlpulse.local.broker import bootstrap_or_local_broker
+from rlpulse.producers import EventHandler, EventLogger, Settings
+from rlpulse.schemas.codec import default_codec
+from rlpulse.schemas.topics import Topics
+from rlpulse.settings import load_settings
+from rlpulse.streams.archive.store import ArchiveStore
+from rlpulse.streams.archive.tables import tables_of
+from rlpulse.transport.clients import new_consumer
+from rlpulse.transport.topics import ensure_topics
+
+PARTITIONS = 6
+
+
+def emit(name: str, **fields: Any) -> None:
+    print(json.dumps({"bench": "logs", "name": name, **fields}), flush=True)
+
+
+def percentile(ordered: list[int], q: float) -> float:
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] / 1e3
+
+
+def quiet_logger(name: str) -> logging.Logger:
+    logger = logging.getLogger(name)
+    logger.handlers.clear()
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
+
+
+# -- (a) ----------------------------------------------------------------------------------
+
+
+def per_call(logger: logging.Logger, calls: int) -> dict[str, float]:
+    for step in range(1000):  # warm up (rlpulse starts its producer on the first record)
+        logger.info("step %s loss %s", step, 0.5)
+    samples = []
+    clock = time.perf_counter_ns
+    for step in range(calls):
+        start = clock()
+        logger.info("step %s loss %s", step, 0.5)
+        samples.append(clock() - start)
+    samples.sort()
+    return {
+        "calls": calls,
+        "p50_us": percentile(samples, 50),
+        "p99_us": percentile(samples, 99),
+        "mean_us": statistics.fmean(samples) / 1e3,
+    }
+
+
+def bench_call_cost(settings: Settings, work: Path, calls: int) -> None:
+    results: dict[str, list[dict[str, float]]] = {}
+    for round_ in range(2):  # interleaved, twice: the machine is shared
+        file_logger = quiet_logger("bench.file")
+        handler = logging.FileHandler(work / f"plain-{round_}.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        file_logger.addHandler(handler)
+        results.setdefault("file", []).append(per_call(file_logger, calls))
+        handler.close()
+        with EventLogger(f"bench-{uuid.uuid4().hex[:6]}", settings=settings) as events:
+            rl_logger = quiet_logger("bench.rlpulse")
+            rl_logger.addHandler(EventHandler(events))
+            results.setdefault("rlpulse", []).append(per_call(rl_logger, calls))
+            events.flush(60)
+            delivered, logged = events.delivered, events.logged
+    best = {name: min(runs, key=lambda r: r["p50_us"]) for name, runs in results.items()}
+    emit("a_file_handler", **best["file"])
+    emit("a_rlpulse_handler", **best["rlpulse"], delivered=delivered, logged=logged)
+    ratio = best["rlpulse"]["p50_us"] / best["file"]["p50_us"]
+    emit(
+        "a_target",
+        rlpulse_over_file_p50=round(ratio, 2),
+        rlpulse_over_file_p99=round(best["rlpulse"]["p99_us"] / best["file"]["p99_us"], 2),
+        target="rlpulse p50 <= 1.5 x FileHandler p50",
+        met=ratio <= 1.5,
+    )
+
+
+# -- (b) ----------------------------------------------------------------------------------
+
+
+def bench_training_loop(
+    settings: Settings, steps: int, rounds: int, threads_list: list[int]
+) -> None:
+    try:
+        import torch
+    except ImportError as exc:
+        emit("b_training_loop", error=f"torch is not installed ({exc})")
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+        torch.nn.ReLU(), torch.nn.Linear(1024, 512),
+    )  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = torch.randn(256, 512)
+
+    def loop(logger: logging.Logger, log: Callable[[dict[str, float], int], None]) -> list[float]:
+        times = []
+        for step in range(steps):
+            start = time.perf_counter()
+            loss = model(data).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            value = loss.item()
+            log({f"metric_{i:02d}": value + i for i in range(20)}, step)
+            for number in range(100):
+                logger.info("step %d micro-batch %d loss %.4f", step, number, value)
+            times.append(time.perf_counter() - start)
+        return times
+
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        bare_times: list[float] = []
+        rlpulse_times: list[float] = []
+        for _round in range(rounds):
+            bare = quiet_logger("bench.loop.bare")
+            bare.addHandler(logging.NullHandler())
+            bare_times += loop(bare, lambda metrics, step: None)[2:]
+            with EventLogger(f"bench-{uuid.uuid4().hex[:6]}", settings=settings) as events:
+                traced = quiet_logger("bench.loop.rlpulse")
+                traced.addHandler(EventHandler(events))
+                rlpulse_times += loop(traced, lambda m, s: events.log(m, s, "trainer"))[2:]
+                events.flush(60)
+        bare_ms = statistics.median(bare_times) * 1e3
+        rl_ms = statistics.median(rlpulse_times) * 1e3
+        overhead = (rl_ms / bare_ms - 1) * 100
+        emit(
+            "b_training_loop",
+            steps=len(bare_times),
+            records_per_step=100,
+            metrics_per_step=20,
+            torch_threads=threads,
+            bare_step_ms=round(bare_ms, 2),
+            rlpulse_step_ms=round(rl_ms, 2),
+            overhead_percent=round(overhead, 2),
+            target="< 3 %",
+            met=overhead < 3,
+        )
+
+
+# -- (c) and (d): backlogs, archivers ------------------------------------------------------
+
+
+def fill_backlog(settings: Settings, records: int, runs: int = 12) -> None:
+    loggers = [
+        EventLogger(f"backlog-{n}-{uuid.uuid4().hex[:4]}", settings=settings) for n in range(runs)
+    ]
+    for number in range(records):
+        loggers[number % runs].log_record(
+            "INFO", 20, "trainer.rollout", f"step {number // 100} sample {number} reward 0.25"
+        )
+    for logger in loggers:
+        logger.close(timeout_s=120)
+
+
+def archived_offsets(store: ArchiveStore, topic: str) -> int:
+    return sum(name.last - name.first + 1 for _, name in store.files(topic) if name.index == 0)
+
+
+def steady_rate(progress: Callable[[], int], total: int, timeout_s: float) -> float:
+    """Records/s between 10 % and 90 % of ``total``, watching ``progress()``."""
+    marks: dict[float, float] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = progress()
+        for share in (0.1, 0.9):
+            if share not in marks and done >= share * total:
+                marks[share] = time.monotonic()
+        if 0.9 in marks:
+            return 0.8 * total / (marks[0.9] - marks[0.1])
+        time.sleep(0.05)
+    raise TimeoutError(f"only {progress()} of {total} records after {timeout_s:.0f} s")
+
+
+def bare_consumer(bootstrap: str, topic: str, total: int) -> None:
+    """Child process: consume and decode ``total`` records; print the steady rate."""
+    settings = Settings(bootstrap=bootstrap)
+    consumer = new_consumer(settings, f"bare-{uuid.uuid4().hex}", "bare")
+    consumer.subscribe([topic])
+    codec = default_codec()
+    logs = tables_of(Topics(), codec)["logs"]  # the archiver's own decoding, nothing else
+    count = [0]
+
+    def run() -> None:
+        while count[0] < total:
+            for message in consumer.consume(10_000, 0.5):
+                if message.error() is None:
+                    logs.decode(codec, message.value() or b"")
+                    count[0] += 1
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    rate = steady_rate(lambda: count[0], total, 600)
+    worker.join()
+    consumer.close()
+    print(json.dumps({"rate": rate}), flush=True)
+
+
+def run_bare(bootstrap: str, topic: str, total: int) -> float:
+    done = subprocess.run(
+        [sys.executable, __file__, "--bare-consumer", bootstrap, topic, str(total)],
+        capture_output=True, text=True, check=True, timeout=900,
+    )  # fmt: skip
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["rate"])
+
+
+def run_archivers(
+    bootstrap: str, topics: Topics, total: int, processes: int, work: Path
+) -> tuple[float, int]:
+    root = work / f"archive-{uuid.uuid4().hex[:6]}"
+    group = f"bench-{uuid.uuid4().hex[:6]}"
+    archivers = [
+        ArchiverProcess(
+            bootstrap, topics.prefix, root, work / f"archiver-{n}.log",
+            {"archive.group_id": group, "archive.roll_bytes": 4_000_000, "archive.roll_s": 1,
+             "archive.audit": "false"},
+        ).start()
+        for n in range(processes)
+    ]  # fmt: skip
+    store = ArchiveStore(str(root))
+    try:
+        rate = steady_rate(lambda: archived_offsets(store, topics.logs), total, 900)
+        while archived_offsets(store, topics.logs) < total:
+            time.sleep(0.2)
+    finally:
+        for archiver in archivers:
+            archiver.stop()
+    size = sum(f.stat().st_size for f in root.rglob("*.parquet"))
+    return rate, size
+
+
+def bench_drain(bootstrap: str, work: Path, records: int) -> None:
+    topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+    settings = load_settings(
+        {"bootstrap": bootstrap, "prefix": topics.prefix, "producer.spool_dir": work / "spool"}
+    )
+    ensure_topics(settings, topics, partitions=PARTITIONS)
+    start = time.monotonic()
+    fill_backlog(settings, records)
+    emit(
+        "c_backlog",
+        records=records,
+        partitions=PARTITIONS,
+        seconds=round(time.monotonic() - start, 1),
+    )
+    bare_before = run_bare(bootstrap, topics.logs, records)
+    one, size = run_archivers(bootstrap, topics, records, 1, work)
+    bare_after = run_bare(bootstrap, topics.logs, records)  # the machine is shared: twice
+    two, _ = run_archivers(bootstrap, topics, records, 2, work)
+    bare = max(bare_before, bare_after)
+    emit(
+        "c_bare_consumer",
+        records_per_s=round(bare),
+        before=round(bare_before),
+        after=round(bare_after),
+    )
+    emit(
+        "c_archiver_1_process",
+        records_per_s=round(one),
+        parquet_bytes_per_record=round(size / records, 1),
+    )
+    emit("c_archiver_2_processes", records_per_s=round(two))
+    emit(
+        "c_target",
+        one_archiver_over_bare=round(one / bare, 2),
+        target_ratio=0.7,
+        ratio_met=one / bare >= 0.7,
+        two_archivers_records_per_s=round(two),
+        target_rate=100_000,
+        rate_met=two >= 100_000,
+    )
+
+
+def paced_producer(bootstrap: str, prefix: str, rate: float, seconds: float) -> None:
+    """Child process: log ``rate`` records/s for ``seconds`` in 10 ms ticks."""
+    settings = Settings(bootstrap=bootstrap, prefix=prefix)
+    with EventLogger(f"paced-{uuid.uuid4().hex[:6]}", settings=settings) as events:
+        start = time.monotonic()
+        sent = 0
+        while (now := time.monotonic()) - start < seconds:
+            due = int((now - start) * rate)
+            for number in range(sent, due):
+                events.log_record("INFO", 20, "trainer", f"sample {number} reward 0.25")
+            sent = due
+            time.sleep(0.01)
+        events.flush(60)
+
+
+def produced_records(consumer: Any, topic: str) -> int:
+    """Records in ``topic`` so far: the sum of its partitions' end offsets."""
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    return sum(
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+        for p in partitions
+    )
+
+
+def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: float) -> None:
+    best = 0
+    for rate in rates:
+        topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+        settings = Settings(bootstrap=bootstrap, prefix=topics.prefix)
+        ensure_topics(settings, topics, partitions=PARTITIONS)
+        root = work / f"e2e-{rate}"
+        archiver = ArchiverProcess(
+            bootstrap, topics.prefix, root, work / f"e2e-{rate}.log",
+            {"archive.roll_bytes": 4_000_000, "archive.roll_s": 1, "archive.audit": "false"},
+        ).start()  # fmt: skip
+        time.sleep(5)  # joined and assigned
+        producers = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--paced-producer", bootstrap, topics.prefix,
+                 str(rate / 2), str(seconds)]
+            )
+            for _ in range(2)
+        ]  # fmt: skip
+        store = ArchiveStore(str(root))
+        watcher = new_consumer(settings, f"watch-{uuid.uuid4().hex}", "lag watcher")
+        lags, produced = [], 0
+        while any(p.poll() is None for p in producers):
+            time.sleep(1.0)
+            produced = produced_records(watcher, topics.logs)
+            lags.append(produced - archived_offsets(store, topics.logs))
+        watcher.close()
+        for producer in producers:
+            producer.wait()
+        settle = time.monotonic()
+        while archived_offsets(store, topics.logs) < produced:
+            if time.monotonic() - settle > 60:
+                break
+            time.sleep(0.2)
+        drain_s = time.monotonic() - settle
+        archiver.stop()
+        half = len(lags) // 2
+        early, late = statistics.fmean(lags[1:half]), statistics.fmean(lags[half:-1])
+        growing = late > early + rate * 1.5  # more than ~1.5 s of records behind, and rising
+        emit(
+            "d_end_to_end", rate=rate, seconds=seconds, produced_per_s=round(produced / seconds),
+            lag_early=round(early), lag_late=round(late), drain_after_s=round(drain_s, 1),
+            sustained=not growing,
+        )  # fmt: skip
+        if growing:
+            break
+        best = rate
+    emit("d_result", highest_sustained_rate=best, producers=2, archivers=1)
+
+
+def profile_archiver(bootstrap: str, work: Path, records: int) -> None:
+    from rlpulse.streams.archive.archiver import Archiver
+
+    topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+    settings = load_settings(
+        {
+            "bootstrap": bootstrap,
+            "prefix": topics.prefix,
+            "producer.spool_dir": work / "spool",
+            "archive": {"root": str(work / "profiled"), "roll_bytes": 4_000_000, "roll_s": 1,
+                        "audit": False},
+        }
+    )  # fmt: skip
+    ensure_topics(settings, topics, partitions=PARTITIONS)
+    fill_backlog(settings, records)
+    archiver = Archiver(settings, lambda text: None)
+    store = ArchiveStore(str(work / "profiled"))
+
+    def stop_when_done() -> None:
+        while archived_offsets(store, topics.logs) < records:
+            time.sleep(0.2)
+        archiver.stop()
+
+    threading.Thread(target=stop_when_done, daemon=True).start()
+    profiler = cProfile.Profile()
+    profiler.runcall(archiver.run)
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--torch-threads", default="2,1", help="(b) with each count of threads")
+    parser.add_argument("--backlog", type=int, default=400_000)
+    parser.add_argument("--rates", default="10000,20000,30000,40000,60000")
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--only", default="abcd")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--bare-consumer", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--paced-producer", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.bare_consumer:
+        bootstrap, topic, total = args.bare_consumer
+        bare_consumer(bootstrap, topic, int(total))
+        return
+    if args.paced_producer:
+        bootstrap, prefix, rate, seconds = args.paced_producer
+        paced_producer(bootstrap, prefix, float(rate), float(seconds))
+        return
+    work = Path(tempfile.mkdtemp(prefix="rlpulse-logs-bench-"))
+    with bootstrap_or_local_broker(Settings(), work / "broker") as bootstrap:
+        topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+        settings = load_settings(
+            {"bootstrap": bootstrap, "prefix": topics.prefix, "producer.spool_dir": work / "spool"}
+        )
+        ensure_topics(settings, topics, partitions=PARTITIONS)
+        emit("machine", cpus=os.cpu_count(), python=sys.version.split()[0])
+        if args.profile:
+            profile_archiver(bootstrap, work, args.backlog)
+            return
+        if "a" in args.only:
+            bench_call_cost(settings, work, args.calls)
+        if "b" in args.only:
+            threads = [int(n) for n in args.torch_threads.split(",")]
+            bench_training_loop(settings, args.steps, args.rounds, threads)
+        if "c" in args.only:
+            bench_drain(bootstrap, work, args.backlog)
+        if "d" in args.only:
+            bench_end_to_end(bootstrap, work, [int(r) for r in args.rates.split(",")], args.seconds)
+
+
+if __name__ == "__main__":
+    main()

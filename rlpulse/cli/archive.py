@@ -1,0 +1,116 @@
+"""``rlpulse archive``: run an archiver (every topic to Parquet); ``rlpulse archive prune``."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Annotated
+
+import typer
+
+from rlpulse.cli.common import Bootstrap, ConfigFile, Prefix, one_line_errors, out, say, settings
+from rlpulse.transport.bootstrap import bootstrap_servers
+
+archive_app = typer.Typer(
+    help="Archive every rlpulse topic to Parquet (a consumer group: run more for more).",
+    invoke_without_command=True,
+)
+
+Root = Annotated[
+    str | None,
+    typer.Option(help="Archive directory or pyarrow URI (default: $RLPULSE_HOME/archive)."),
+]
+RetentionDays = Annotated[
+    float | None, typer.Option(help="Delete records older than this many days (default: 30).")
+]
+
+
+@archive_app.callback(invoke_without_command=True)
+@one_line_errors
+def archive(
+    ctx: typer.Context,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = None,
+    root: Root = None,
+    group: Annotated[
+        str | None, typer.Option(help="Consumer group (default: <prefix>-archive).")
+    ] = None,
+    roll_bytes: Annotated[
+        str | None,
+        typer.Option(help="Write a partition's buffer at this size, e.g. 64MB (default)."),
+    ] = None,
+    roll_s: Annotated[
+        str | None,
+        typer.Option(help="... or when its oldest record waited this long (default: 300s)."),
+    ] = None,
+    retention_days: RetentionDays = None,
+    startup_timeout: Annotated[
+        float | None, typer.Option(help="Seconds start-up waits for Kafka (default: 120).")
+    ] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Archive events, logs, steps, commands, acks, audits and dead letters until SIGTERM."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rlpulse.streams.archive.archiver import Archiver
+
+    chosen = settings(
+        config,
+        {
+            "bootstrap": bootstrap,
+            "prefix": prefix,
+            "archive.root": root,
+            "archive.group_id": group,
+            "archive.roll_bytes": roll_bytes,
+            "archive.roll_s": roll_s,
+            "archive.retention_days": retention_days,
+            "archive.startup_timeout_s": startup_timeout,
+        },
+    )
+    archiver = Archiver(chosen, say)
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda _signal, _frame: archiver.stop())
+    say(
+        f"archiver {chosen.archive_group}: {chosen.prefix}.* from Kafka "
+        f"{bootstrap_servers(chosen)} to {chosen.archive_root}"
+    )
+    counts = archiver.run()
+    say(
+        f"archiver stopped: {counts.records} records in {counts.files} files "
+        f"({counts.flushes} flushes), {counts.undecodable} undecodable, "
+        f"{counts.recovered} unfinished flushes redone, {counts.pruned} files pruned, "
+        f"{counts.audits} audits"
+    )
+
+
+@archive_app.command("prune")
+@one_line_errors
+def archive_prune(
+    prefix: Prefix = None,
+    root: Root = None,
+    retention_days: RetentionDays = None,
+    config: ConfigFile = None,
+) -> None:
+    """Delete archived records older than the retention (a partition's newest files stay)."""
+    from rlpulse.schemas.codec import default_codec
+    from rlpulse.schemas.topics import Topics
+    from rlpulse.streams.archive.prune import cutoff_ms, prune
+    from rlpulse.streams.archive.store import ArchiveStore
+    from rlpulse.streams.archive.tables import tables_of
+
+    chosen = settings(
+        config,
+        {"prefix": prefix, "archive.root": root, "archive.retention_days": retention_days},
+    )
+    tables = tables_of(Topics(chosen.prefix), default_codec())
+    cutoff = cutoff_ms(round(time.time() * 1000), chosen.archive.retention_days)
+    result = prune(
+        ArchiveStore(chosen.archive_root), [table.topic for table in tables.values()], cutoff
+    )
+    for path in result.deleted:
+        say(f"deleted {path}")
+    out.print(
+        f"deleted {len(result.deleted)} file(s) older than {chosen.archive.retention_days:g} "
+        f"days from {chosen.archive_root}; kept {len(result.kept_newest)} older file(s) "
+        "that mark where archiving resumes"
+    )

@@ -1,0 +1,35 @@
+"""What the commands that read the archive share: the ``--archive`` option and opening it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from rlpulse.cli.common import settings
+
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = ["ArchiveRoot", "Output", "open_for"]
+
+ArchiveRoot = Annotated[
+    str | None,
+    typer.Option(
+        "--archive",
+        help="Archive directory or pyarrow URI (default: archive.root, $RLPULSE_HOME/archive).",
+    ),
+]
+Output = Annotated[str, typer.Option("--format", help="table, csv or json (one object per line).")]
+
+
+def open_for(
+    config: Path | None, prefix: str | None, root: str | None
+) -> tuple[duckdb.DuckDBPyConnection, str]:
+    """A DuckDB connection over the archive the settings name, and its root."""
+    from rlpulse.schemas.topics import Topics
+    from rlpulse.streams.archive.catalog import open_archive
+
+    chosen = settings(config, {"prefix": prefix, "archive.root": root})
+    return open_archive(chosen.archive_root, Topics(chosen.prefix)), chosen.archive_root

@@ -1,0 +1,94 @@
+"""``rlpulse show RUN --step N``: one step's whole context from the archive."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from rlpulse.cli.common import ConfigFile, Prefix, one_line_errors, out
+from rlpulse.cli.reading import ArchiveRoot, open_for
+from rlpulse.cli.render import cell, print_rows
+
+if TYPE_CHECKING:
+    from rlpulse.streams.archive.drilldown import StepContext
+
+
+@one_line_errors
+def show(
+    run_id: Annotated[str, typer.Argument(help="The run.")],
+    step: Annotated[int, typer.Option(help="The step.")],
+    margin: Annotated[
+        float, typer.Option(help="Seconds of log records before and after the step's events.")
+    ] = 2.0,
+    archive: ArchiveRoot = None,
+    prefix: Prefix = None,
+    config: ConfigFile = None,
+) -> None:
+    """Show a step: its summaries, every rank's metrics, the log records, commands and acks."""
+    from rlpulse.streams.archive.drilldown import step_context
+
+    con, _root = open_for(config, prefix, archive)
+    try:
+        context = step_context(con, run_id, step, margin)
+    finally:
+        con.close()
+    _print(context, margin)
+
+
+def _metric_text(metrics: Any) -> str:
+    return ", ".join(f"{name}={cell(value)}" for name, value in sorted((metrics or {}).items()))
+
+
+def _print(context: StepContext, margin: float) -> None:
+    from rlpulse.streams.archive.diagnose import utc_text
+
+    out.print(f"[bold]run {context.run_id}, step {context.step}[/]")
+    if context.window_ns is not None:
+        low, high = context.window_ns
+        out.print(
+            f"events from {utc_text(low)} to {utc_text(high)} "
+            f"({(high - low) / 1e6:.1f} ms); log records within {margin:g} s of them",
+            highlight=False,
+        )
+    for summary in context.summaries.dicts():
+        stats = summary.pop("metrics") or {}
+        out.print(
+            f"\n[bold]summary[/] stage {summary['stage']} revision {summary['revision']}: "
+            f"{len(summary['ranks_reported'])}/{summary['world_size']} ranks, "
+            f"missing {summary['missing_ranks'] or 'none'}, closed by {summary['closed_by']}, "
+            f"last rank {summary['last_rank']} ({cell(summary['last_rank_lag_ms'])} ms behind), "
+            f"stragglers {summary['stragglers'] or 'none'}",
+            highlight=False,
+        )
+        print_rows(
+            ["metric", "mean", "std", "min", "min_rank", "max", "max_rank", "count"],
+            [
+                [name, s["mean"], s["std"], s["min"], s["min_rank"], s["max"], s["max_rank"],
+                 s["count"]]
+                for name, s in sorted(stats.items())
+            ],
+        )  # fmt: skip
+    print_rows(
+        ["stage", "rank", "host", "pid", "time", "metrics"],
+        [
+            [r["stage"], r["rank"], r["hostname"], r["pid"], r["time"], _metric_text(r["metrics"])]
+            for r in context.metrics.dicts()
+        ],
+        title="metrics of every rank",
+    )
+    out.print(f"\n[bold]log records[/] ({len(context.logs.rows)})")
+    for record in context.logs.dicts():
+        trace = f" trace={record['trace_id']}" if record["trace_id"] else ""
+        out.print(
+            f"{cell(record['time'])} {record['level']:<8} {record['hostname']} "
+            f"rank {record['rank']} pid {record['pid']} step {record['step']} "
+            f"{record['logger']}{trace}: {record['message']}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        if record["exception"]:
+            out.print("    " + record["exception"].replace("\n", "\n    "), markup=False)
+    print_rows(context.commands.columns, context.commands.rows, title="commands")
+    print_rows(context.acks.columns, context.acks.rows, title="acks")

@@ -1,0 +1,362 @@
+"""The archiver: every rlpulse topic to Parquet, effectively once, rolled, retained, audited.
+
+One process is one member of the consumer group ``<prefix>-archive`` (Kafka spreads the
+partitions of all topics over the members: run more processes for more throughput). Per
+partition it buffers what it reads (:class:`~rlpulse.streams.archive.buffer.PartitionBuffer`)
+and writes it out as one *flush* when the buffer holds ``roll_bytes`` of messages or its
+oldest one waited ``roll_s``, when the partition is taken away (rebalance), and at stop.
+
+A SIGKILLed archiver's partitions wait for ``session_timeout_s`` before the group hands them
+on; with ``instance_id`` set (static membership) a restarted archiver gets them back at once.
+
+Effectively once. The files are the truth about what is archived
+(:mod:`rlpulse.streams.archive.layout`): on getting a partition, the archiver lists its
+files, deletes an unfinished newest flush (and temporary files) that a crash left, and
+seeks to the offset after the last complete flush, or to the beginning when there is none.
+A flush is written to temporary files, fsynced, and renamed only when all of them are on
+disk. So a crash at any moment loses nothing (what was not renamed is read again) and
+duplicates nothing (what was renamed is not). Offsets are committed after each flush only
+as a hint, for lag monitoring; they are never read. Two processes write the same partition
+only if one of them is a zombie past ``max.poll.interval.ms`` (5 minutes) in the middle of
+a flush; the audit would show the duplicates.
+
+Retention: every ``prune_interval_s``, :func:`~rlpulse.streams.archive.prune.prune`.
+
+Audits: a ``run_end`` event schedules an audit of its run ``audit_delay_s`` later. The
+archiver then notes the end offsets of every events and logs partition, writes out its own
+buffers, and waits (up to ``audit_wait_s``) until the archive holds every partition up to
+those offsets (other archivers write theirs within ``roll_s``); then it audits the run
+(:mod:`rlpulse.streams.archive.audit`) and publishes the report to ``<prefix>.audits``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
+
+from rlpulse.oncelog import WarnOnce
+from rlpulse.schemas.codec import default_codec
+from rlpulse.schemas.topics import Topics
+from rlpulse.settings import Settings
+from rlpulse.streams.archive.audit import audit_runs
+from rlpulse.streams.archive.buffer import PartitionBuffer
+from rlpulse.streams.archive.catalog import open_archive
+from rlpulse.streams.archive.layout import FileName, plan_resume
+from rlpulse.streams.archive.prune import cutoff_ms, prune
+from rlpulse.streams.archive.store import ArchiveStore
+from rlpulse.streams.archive.tables import Table, tables_of
+from rlpulse.transport.clients import new_consumer, new_producer
+from rlpulse.transport.readiness import Deadline, wait_for_kafka
+
+__all__ = ["Archiver", "ArchiverCounts"]
+
+log = logging.getLogger(__name__)
+Say = Callable[[str], None]
+POLL_S = 0.5
+AUDIT_RECHECK_S = 2.0
+WATERMARK_TIMEOUT_S = 10.0
+
+
+@dataclass
+class ArchiverCounts:
+    """What one archiver process did."""
+
+    records: int = 0
+    """Messages written to the archive."""
+    flushes: int = 0
+    files: int = 0
+    undecodable: int = 0
+    """Messages kept as ``decode_error`` rows."""
+    recovered: int = 0
+    """Unfinished flushes found (and redone) on getting a partition."""
+    pruned: int = 0
+    """Files deleted for retention."""
+    audits: int = 0
+
+
+@dataclass
+class _PendingAudit:
+    run_id: str
+    due: float
+    targets: dict[tuple[str, int], int] | None = None
+    deadline: float = 0.0
+    behind: list[str] = field(default_factory=list)
+
+
+class Archiver:
+    """One archiver process: call :meth:`run` (blocks), :meth:`stop` from a signal handler."""
+
+    def __init__(
+        self, settings: Settings, say: Say | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.topics = Topics(settings.prefix)
+        self.codec = default_codec()
+        self.tables = tables_of(self.topics, self.codec)
+        self.store = ArchiveStore(settings.archive_root)
+        self.counts = ArchiverCounts()
+        self._by_topic: dict[str, Table] = {table.topic: table for table in self.tables.values()}
+        self._events = self.topics.events
+        self._buffers: dict[tuple[str, int], PartitionBuffer] = {}
+        self._expected: dict[tuple[str, int], int] = {}
+        self._say = say or log.info
+        self._clock = clock
+        self._stop = threading.Event()
+        self._consumer: Consumer | None = None
+        self._audits: dict[str, _PendingAudit] = {}
+        self._next_prune = 0.0
+        self._warn = WarnOnce(log)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to write out what it holds and return."""
+        self._stop.set()
+
+    def run(self) -> ArchiverCounts:
+        """Archive until :meth:`stop`; write out the buffers, leave the group, return the counts."""
+        archive = self.settings.archive
+        wait_for_kafka(self.settings, Deadline(archive.startup_timeout_s), self._say)
+        properties: dict[str, object] = {
+            "enable.partition.eof": False,
+            "topic.metadata.refresh.interval.ms": 10_000,
+            "session.timeout.ms": round(archive.session_timeout_s * 1000),
+        }
+        if archive.instance_id:
+            properties["group.instance.id"] = archive.instance_id
+        consumer = new_consumer(self.settings, self.settings.archive_group, "archiver", properties)
+        self._consumer = consumer
+        consumer.subscribe(
+            list(self._by_topic),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        try:
+            while not self._stop.is_set():
+                self._take_all(consumer.consume(archive.batch_max, POLL_S))
+                now = time.monotonic()
+                self._roll(now)
+                self._prune_if_due(now)
+                self._audit_if_due(now)
+        finally:
+            try:
+                self._flush_all()
+            finally:
+                consumer.close()
+                self._consumer = None
+        return self.counts
+
+    # -- partitions -------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        listings: dict[str, list[tuple[str, FileName]]] = {}
+        for tp in partitions:
+            files = listings.get(tp.topic)
+            if files is None:
+                files = listings[tp.topic] = self.store.files(tp.topic)
+            plan = plan_resume(files, tp.partition)
+            leftovers = self.store.temp_files(tp.topic, tp.partition)
+            if plan.incomplete or leftovers:
+                self.store.delete(plan.incomplete + leftovers)
+            if plan.incomplete or leftovers:
+                self.counts.recovered += 1
+                self._say(
+                    f"{tp.topic} partition {tp.partition}: an unfinished flush "
+                    f"({len(plan.incomplete)} file(s) renamed, {len(leftovers)} temporary) "
+                    f"deleted; resuming at offset {plan.next_offset}"
+                )
+            tp.offset = OFFSET_BEGINNING if plan.next_offset is None else plan.next_offset
+            self._expected[(tp.topic, tp.partition)] = plan.next_offset or 0
+        consumer.assign(partitions)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:  # still ours until this returns: write out what we hold
+            buffer = self._buffers.get((tp.topic, tp.partition))
+            if buffer is not None:
+                self._flush(buffer)
+            self._expected.pop((tp.topic, tp.partition), None)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:  # another member may own them already: write nothing
+            dropped = self._buffers.pop((tp.topic, tp.partition), None)
+            self._expected.pop((tp.topic, tp.partition), None)
+            if dropped is not None:
+                self._say(
+                    f"{tp.topic} partition {tp.partition} was lost (session timeout); "
+                    f"{dropped.records} buffered records will be archived by its new owner"
+                )
+
+    # -- records ----------------------------------------------------------------------------
+
+    def _take_all(self, messages: list[Message]) -> None:
+        """Buffer a batch of messages (the hot loop: kept free of per-message lookups)."""
+        buffers, codec, events = self._buffers, self.codec, self._events
+        for message in messages:
+            if message.error() is not None:
+                self._kafka_error(message)
+                continue
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if topic is None or partition is None or offset is None:
+                continue
+            key = (topic, partition)
+            buffer = buffers.get(key)
+            if buffer is None:
+                buffer = self._new_buffer(key, offset)
+            elif buffer.last is not None and offset <= buffer.last:
+                continue  # delivered again after a seek: already buffered
+            table = buffer.table
+            value = message.value()
+            row, run, stamp_ms = table.row(
+                codec,
+                message.key(),
+                value,
+                partition,
+                offset,
+                message.timestamp(),
+                _headers(message) if table.record is None else None,
+            )
+            buffer.add(row, run, offset, len(value) if value else 0, stamp_ms)
+            if topic == events and run is not None and row.get("kind") == "run_end":
+                self._schedule_audit(run)
+            elif "decode_error" in row:
+                self.counts.undecodable += 1
+
+    def _kafka_error(self, message: Message) -> None:
+        error = message.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            self._warn(str(error.code()), "archiver: Kafka error %s", error.str())
+
+    def _new_buffer(self, key: tuple[str, int], offset: int) -> PartitionBuffer:
+        topic, partition = key
+        expected = self._expected.get(key)
+        if expected is not None and offset > expected:
+            self._say(
+                f"{topic} partition {partition}: offsets {expected}..{offset - 1} are no "
+                "longer in Kafka (its retention deleted them before they were archived)"
+            )
+        buffer = PartitionBuffer(self._by_topic[topic], partition, time.monotonic())
+        self._buffers[key] = buffer
+        return buffer
+
+    def _schedule_audit(self, run_id: str) -> None:
+        archive = self.settings.archive
+        if archive.audit and run_id not in self._audits:
+            self._audits[run_id] = _PendingAudit(run_id, time.monotonic() + archive.audit_delay_s)
+
+    def _roll(self, now: float) -> None:
+        archive = self.settings.archive
+        for buffer in list(self._buffers.values()):
+            if buffer.bytes >= archive.roll_bytes or now - buffer.started >= archive.roll_s:
+                self._flush(buffer)
+
+    def _flush(self, buffer: PartitionBuffer) -> None:
+        """Write one buffer as one flush (see the module docstring); then commit the hint."""
+        planned = buffer.flush_plan()
+        compression = self.settings.archive.compression
+        staged = [self.store.stage(file.relative, file.table, compression) for file in planned]
+        self.store.commit(staged)
+        key = (buffer.table.topic, buffer.partition)
+        del self._buffers[key]
+        if buffer.last is None:
+            return
+        self._expected[key] = buffer.last + 1
+        self.counts.records += buffer.records
+        self.counts.flushes += 1
+        self.counts.files += len(planned)
+        if self._consumer is not None:
+            hint = TopicPartition(buffer.table.topic, buffer.partition, buffer.last + 1)
+            try:
+                self._consumer.commit(offsets=[hint], asynchronous=True)
+            except Exception as exc:  # a hint only: the files are the truth
+                self._warn("commit", "archiver: could not commit the offset hint: %s", exc)
+
+    def _flush_all(self, topics: tuple[str, ...] | None = None) -> None:
+        for buffer in list(self._buffers.values()):
+            if topics is None or buffer.table.topic in topics:
+                self._flush(buffer)
+
+    # -- retention --------------------------------------------------------------------------
+
+    def _prune_if_due(self, now: float) -> None:
+        if now < self._next_prune:
+            return
+        self._next_prune = now + self.settings.archive.prune_interval_s
+        cutoff = cutoff_ms(round(self._clock() * 1000), self.settings.archive.retention_days)
+        result = prune(self.store, [table.topic for table in self.tables.values()], cutoff)
+        self.counts.pruned += len(result.deleted)
+        if result.deleted:
+            self._say(f"retention: deleted {len(result.deleted)} archive file(s)")
+
+    # -- audits -----------------------------------------------------------------------------
+
+    def _audit_if_due(self, now: float) -> None:
+        for run_id, pending in list(self._audits.items()):
+            if now < pending.due:
+                continue
+            watched = (self.topics.events, self.topics.logs)
+            if pending.targets is None:
+                pending.targets = self._end_offsets(watched)
+                pending.deadline = now + self.settings.archive.audit_wait_s
+            self._flush_all(watched)
+            behind = self._behind(pending.targets)
+            if behind and now < pending.deadline:
+                pending.due = now + AUDIT_RECHECK_S
+                continue
+            del self._audits[run_id]
+            self._audit(run_id, behind)
+
+    def _end_offsets(self, topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
+        assert self._consumer is not None
+        targets = {}
+        for topic in topics:
+            metadata = self._consumer.list_topics(topic, timeout=WATERMARK_TIMEOUT_S)
+            for partition in metadata.topics[topic].partitions:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=WATERMARK_TIMEOUT_S, cached=False
+                )
+                targets[(topic, partition)] = high
+        return targets
+
+    def _behind(self, targets: dict[tuple[str, int], int]) -> list[str]:
+        archived: dict[tuple[str, int], int] = {}
+        for topic in {topic for topic, _ in targets}:
+            files = self.store.files(topic)
+            for _topic, partition in [key for key in targets if key[0] == topic]:
+                archived[(topic, partition)] = plan_resume(files, partition).next_offset or 0
+        return [
+            f"{topic} partition {partition} ({archived[(topic, partition)]} of {target})"
+            for (topic, partition), target in sorted(targets.items())
+            if archived[(topic, partition)] < target
+        ]
+
+    def _audit(self, run_id: str, behind: list[str]) -> None:
+        con = open_archive(self.settings.archive_root, self.topics, self.codec)
+        try:
+            (audit,) = audit_runs(con, run_id)
+        finally:
+            con.close()
+        report = audit.report
+        if behind:
+            report["summary"] += " The archive had not caught up with " + ", ".join(behind) + "."
+        producer = new_producer(self.settings, "archiver audits")
+        producer.produce(
+            self.topics.audits, self.codec.encode("AuditReport", report), run_id.encode()
+        )
+        left = producer.flush(WATERMARK_TIMEOUT_S)
+        self.counts.audits += 1
+        self._say(
+            ("audit: " if report["ok"] else "audit FAILED: ")
+            + report["summary"]
+            + (" (not published: Kafka did not take it)" if left else "")
+        )
+
+
+def _headers(message: Message) -> list[tuple[str, bytes | str | None]]:
+    found = message.headers()
+    if found is None:
+        return []
+    return list(found.items()) if isinstance(found, dict) else list(found)

@@ -1,0 +1,188 @@
+"""The integrity audit: did every record of a run reach the archive, and only once.
+
+Each producer (one trainer process of one run) numbers its records 0, 1, 2, ...
+(``producer_id``, ``seq``), TrainerEvents and LogRecords alike. From the archive, per
+producer: how many records arrived, how many were duplicates (the same seq again: a retry
+or a replay, harmless), and which seq ranges are missing between 0 and the last one seen
+(lost). Records after a producer's last archived one cannot be told apart from records it
+never wrote, so a lost tail shows only once a later record arrives. Per run: the steps
+whose summary (latest revision) still misses ranks, and the dead letters keyed by the run.
+Per host: the clock offset, estimated from the records whose Kafka timestamp the broker set
+(``LogAppendTime``, as rlpulse creates its events and logs topics): the smallest
+``broker time - timestamp_ns`` seen, which is the host's lag behind the broker plus the
+fastest delivery (negative: the host is ahead).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import duckdb
+
+from rlpulse.schemas.records import AuditReport, HostClock, SequenceGap
+from rlpulse.streams.archive.catalog import run_sql
+from rlpulse.streams.archive.tables import run_partition
+
+__all__ = ["ProducerCount", "RunAudit", "audit_runs"]
+
+
+@dataclass(frozen=True)
+class ProducerCount:
+    """What the archive holds of one producer."""
+
+    run_id: str
+    producer_id: str
+    hostname: str
+    rank: int
+    received: int
+    distinct: int
+    last_seq: int
+
+    @property
+    def duplicates(self) -> int:
+        """Records that arrived more than once (counted beyond the first)."""
+        return self.received - self.distinct
+
+    @property
+    def lost(self) -> int:
+        """Sequence numbers missing between 0 and the last one seen."""
+        return self.last_seq + 1 - self.distinct
+
+
+@dataclass
+class RunAudit:
+    """The audit of one run: the report published, and its producers in detail."""
+
+    report: AuditReport
+    producers: list[ProducerCount] = field(default_factory=list)
+
+
+def _where(run_id: str | None) -> tuple[str, list[object]]:
+    if run_id is None:
+        return "TRUE", []
+    return "run = ? AND run_id = ?", [run_partition(run_id), run_id]
+
+
+def audit_runs(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> list[RunAudit]:
+    """Audit ``run_id`` (default: every run in the archive), from the views of ``con``."""
+    where, parameters = _where(run_id)
+    records = (
+        f"SELECT run_id, producer_id, seq, hostname, rank, timestamp_ns, kafka_timestamp_ms, "
+        f"kafka_timestamp_type FROM events WHERE {where} UNION ALL "
+        f"SELECT run_id, producer_id, seq, hostname, rank, timestamp_ns, kafka_timestamp_ms, "
+        f"kafka_timestamp_type FROM logs WHERE {where}"
+    )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE audit_records AS {records}", parameters * 2)
+    _, producer_rows = run_sql(
+        con,
+        "SELECT run_id, producer_id, any_value(hostname), min(rank), count(*), "
+        "count(DISTINCT seq), max(seq) FROM audit_records GROUP BY run_id, producer_id "
+        "ORDER BY run_id, min(rank), producer_id",
+    )
+    _, gap_rows = run_sql(
+        con,
+        "SELECT run_id, producer_id, previous + 1, seq - 1 FROM ("
+        " SELECT run_id, producer_id, seq, lag(seq, 1, -1) OVER ("
+        "  PARTITION BY run_id, producer_id ORDER BY seq) AS previous"
+        " FROM (SELECT DISTINCT run_id, producer_id, seq FROM audit_records))"
+        " WHERE seq > previous + 1 ORDER BY run_id, producer_id, seq",
+    )
+    _, clock_rows = run_sql(
+        con,
+        "SELECT run_id, hostname, min(kafka_timestamp_ms * 1000000 - timestamp_ns) / 1e6, "
+        "count(*) FROM audit_records WHERE kafka_timestamp_type = 'log_append' "
+        "GROUP BY run_id, hostname ORDER BY run_id, hostname",
+    )
+    _, missing_rows = run_sql(
+        con,
+        "SELECT run_id, count(*) FILTER (WHERE len(missing) > 0) FROM ("
+        " SELECT run_id, arg_max(missing_ranks, revision) AS missing FROM steps"
+        f" WHERE {where} GROUP BY run_id, attempt, stage, step) GROUP BY run_id",
+        parameters,
+    )
+    _, dead_rows = run_sql(
+        con,
+        f"SELECT run_id, count(*) FROM dead_letters WHERE {where} GROUP BY run_id",
+        parameters,
+    )
+    con.execute("DROP TABLE audit_records")
+    producers: dict[str, list[ProducerCount]] = {}
+    hosts: dict[tuple[str, str], tuple[str, int]] = {}
+    for run, producer, host, rank, received, distinct, last in producer_rows:
+        count = ProducerCount(run, producer, host, rank, received, distinct, last)
+        producers.setdefault(run, []).append(count)
+        hosts[(run, producer)] = (host, rank)
+    gaps: dict[str, list[SequenceGap]] = {}
+    for run, producer, first, last in gap_rows:
+        host, rank = hosts[(run, producer)]
+        gaps.setdefault(run, []).append(
+            {
+                "producer_id": producer,
+                "hostname": host,
+                "rank": rank,
+                "first_seq": first,
+                "last_seq": last,
+            }
+        )
+    clocks: dict[str, list[HostClock]] = {}
+    for run, host, offset, count in clock_rows:
+        clocks.setdefault(run, []).append(
+            {"hostname": host, "offset_ms": float(offset), "records": count}
+        )
+    missing = {run: count for run, count in missing_rows}
+    dead = {run: count for run, count in dead_rows}
+    runs = sorted(set(producers) | set(missing) | set(dead))
+    if run_id is not None and run_id not in runs:
+        runs = [run_id]
+    now = time.time_ns()
+    audits = []
+    for run in runs:
+        counts = producers.get(run, [])
+        lost = sum(count.lost for count in counts)
+        report: AuditReport = {
+            "run_id": run,
+            "audited_ns": now,
+            "ok": lost == 0,
+            "producers": len(counts),
+            "received": sum(count.received for count in counts),
+            "lost": lost,
+            "duplicates": sum(count.duplicates for count in counts),
+            "gaps": gaps.get(run, []),
+            "steps_with_missing_ranks": missing.get(run, 0),
+            "dead_letters": dead.get(run, 0),
+            "clocks": clocks.get(run, []),
+            "summary": "",
+        }
+        report["summary"] = summary_of(report)
+        audits.append(RunAudit(report, counts))
+    return audits
+
+
+def summary_of(report: AuditReport) -> str:
+    """The report in a few sentences."""
+    run = report["run_id"]
+    if not report["producers"]:
+        return f"run {run}: no records in the archive."
+    parts = [
+        f"run {run}: {report['received']} records from {report['producers']} producers, "
+        f"{report['lost']} lost, {report['duplicates']} duplicates."
+    ]
+    for gap in report["gaps"]:
+        first, last = gap["first_seq"], gap["last_seq"]
+        span = f"seq {first}" if first == last else f"seq {first}..{last}"
+        parts.append(
+            f"Producer {gap['producer_id']} (rank {gap['rank']} on {gap['hostname']}) "
+            f"is missing {span}."
+        )
+    if report["steps_with_missing_ranks"]:
+        parts.append(f"{report['steps_with_missing_ranks']} steps closed with missing ranks.")
+    if report["dead_letters"]:
+        parts.append(f"{report['dead_letters']} dead letters.")
+    if report["clocks"]:
+        spread = [clock["offset_ms"] for clock in report["clocks"]]
+        parts.append(
+            f"Host clocks behind the broker by {min(spread):.1f}..{max(spread):.1f} ms "
+            "(an upper bound: includes the fastest delivery)."
+        )
+    return " ".join(parts)

@@ -1,0 +1,126 @@
+"""The archive as SQL: a DuckDB connection with one view per table.
+
+Views: ``events``, ``logs``, ``steps``, ``commands``, ``acks``, ``audits`` (the records, with
+their Kafka coordinates) and ``dead_letters`` (``<prefix>.dlq`` as it is, plus every
+message the archiver could not decode). Every view has the partition columns ``date``
+(UTC, ``YYYY-MM-DD``, from the broker's timestamp) and ``run`` (the run id, cut when very
+long), whose filters decide which files are read, and ``time``: the record's own time as a
+UTC ``TIMESTAMP`` (``timestamp_ns``, ``emitted_ns``, ...). The session time zone is UTC, so
+``time > now() - INTERVAL 1 HOUR`` means what it says.
+
+Each view is a pyarrow dataset registered with DuckDB, so local directories and any
+pyarrow filesystem read the same way, and filters on ``run``, ``date`` and the columns'
+statistics reach the scan. Files are discovered when the connection is opened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from rlpulse.schemas.codec import Codec, default_codec
+from rlpulse.schemas.topics import Topics
+from rlpulse.streams.archive.exceptions import QueryError
+from rlpulse.streams.archive.store import ArchiveStore
+from rlpulse.streams.archive.tables import PARTITION_COLUMNS, Table, tables_of
+
+__all__ = ["VIEWS", "open_archive", "query_archive", "register_logs", "run_sql"]
+
+VIEWS: Final = ("events", "logs", "steps", "commands", "acks", "audits", "dead_letters")
+_HIVE: Final = ds.partitioning(pa.schema(list(PARTITION_COLUMNS)), flavor="hive")
+
+
+def _dataset(store: ArchiveStore, table: Table) -> ds.Dataset | pa.Table:
+    schema = pa.schema([*table.schema, *PARTITION_COLUMNS])
+    directory = store.path(table.topic)
+    if store.fs.get_file_info(directory).type != pafs.FileType.Directory:
+        return schema.empty_table()
+    return ds.dataset(
+        directory, filesystem=store.fs, format="parquet", partitioning=_HIVE, schema=schema
+    )
+
+
+def _time(column: str) -> str:
+    return f"make_timestamp({column} // 1000) AS time"
+
+
+def open_archive(
+    root: str, topics: Topics, codec: Codec | None = None
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection over the archive at ``root`` for the topics of ``topics``."""
+    store = ArchiveStore(root)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    tables = tables_of(topics, codec or default_codec())
+    for table in tables.values():
+        con.register(f"_{table.name}", _dataset(store, table))
+    undecodable = []
+    for table in tables.values():
+        if table.record is None:
+            continue
+        con.execute(
+            f"CREATE VIEW {table.name} AS SELECT * EXCLUDE (decode_error, raw_value), "
+            f"{_time(table.time_field or 'kafka_timestamp_ms * 1000000')} "
+            f"FROM _{table.name} WHERE decode_error IS NULL"
+        )
+        undecodable.append(
+            "SELECT CASE WHEN run = '_' THEN NULL ELSE run END AS run_id, "
+            "'undecodable in the archive: ' || decode_error AS reason, "
+            f"'{table.topic}/' || kafka_partition || '/' || kafka_offset AS source, "
+            "CAST(NULL AS BLOB) AS key, raw_value AS value, kafka_partition, kafka_offset, "
+            f"kafka_timestamp_ms, kafka_timestamp_type, date, run, "
+            f"{_time('kafka_timestamp_ms * 1000000')} "
+            f"FROM _{table.name} WHERE decode_error IS NOT NULL"
+        )
+    con.execute(
+        "CREATE VIEW dead_letters AS SELECT * EXCLUDE (date, run), date, run, "
+        f"{_time('kafka_timestamp_ms * 1000000')} FROM _dead_letters UNION ALL BY NAME "
+        + " UNION ALL BY NAME ".join(undecodable)
+    )
+    return con
+
+
+def register_logs(con: duckdb.DuckDBPyConnection, records: pa.Table) -> None:
+    """Make ``records`` (rows of the logs table) the ``logs`` view of ``con``."""
+    con.register("_logs_given", records)
+    con.execute(
+        f"CREATE OR REPLACE VIEW logs AS SELECT *, {_time('timestamp_ns')} FROM _logs_given"
+    )
+
+
+def run_sql(
+    con: duckdb.DuckDBPyConnection,
+    sql: str,
+    parameters: Mapping[str, Any] | list[Any] | None = None,
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run ``sql``; its column names and rows. Bad SQL raises :class:`QueryError`."""
+    try:
+        result = con.execute(sql, parameters) if parameters is not None else con.execute(sql)
+        columns = [column[0] for column in result.description or []]
+        return columns, result.fetchall()
+    except duckdb.Error as exc:
+        raise QueryError(str(exc).strip()) from None
+
+
+def query_archive(
+    root: str, topics: Topics, sql: str, parameters: list[Any] | None = None
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Open the archive, run ``sql``, close; retried once when a file vanished meanwhile.
+
+    Retention (or a crash recovery) may delete a file between the listing and the read.
+    """
+    for attempt in (1, 2):
+        con = open_archive(root, topics)
+        try:
+            return run_sql(con, sql, parameters)
+        except QueryError as exc:
+            if attempt == 2 or "No such file" not in str(exc):
+                raise
+        finally:
+            con.close()
+    raise AssertionError("unreachable")

@@ -1,0 +1,144 @@
+"""The archive's files on a pyarrow filesystem: list, write durably, delete.
+
+A local directory (the default) gets crash-safe writes: each file is written under a
+temporary name beginning with ``.`` in its final directory, fsynced, and renamed only
+when every file of its flush is on disk; then the directories are fsynced. A remote
+filesystem (``s3://...``, anything ``pyarrow.fs.FileSystem.from_uri`` accepts) writes
+each object whole on close, so files are written under their final names (not run here:
+this machine has no object store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from rlpulse.streams.archive.exceptions import ArchiveError
+from rlpulse.streams.archive.layout import TEMP_PREFIX, FileName
+
+__all__ = ["ArchiveStore", "StagedFile"]
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """A file written under a temporary name, waiting to be renamed."""
+
+    temp: str
+    final: str
+
+
+class ArchiveStore:
+    """The files under one archive root (a directory or a filesystem URI)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        try:
+            if "://" in root:
+                self.fs, base = pafs.FileSystem.from_uri(root)
+            else:
+                self.fs, base = pafs.LocalFileSystem(), str(Path(root).expanduser().absolute())
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ArchiveError(f"archive root {root!r} is not usable: {exc}") from exc
+        self.base = base.rstrip("/")
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        """Whether the archive is a local directory (crash-safe renames)."""
+
+    def path(self, relative: str) -> str:
+        """The full path of ``relative`` under the root."""
+        return f"{self.base}/{relative}"
+
+    def files(self, topic: str) -> list[tuple[str, FileName]]:
+        """Every archive file of ``topic``: (full path, parsed name)."""
+        found = []
+        for info in self._walk(self.path(topic)):
+            name = FileName.parse(info.base_name)
+            if name is not None:
+                found.append((info.path, name))
+        return found
+
+    def temp_files(self, topic: str, partition: int) -> list[str]:
+        """Temporary files that a writer of ``topic`` partition ``partition`` left behind."""
+        prefix = f"{TEMP_PREFIX}{partition:05d}-"
+        return [
+            info.path for info in self._walk(self.path(topic)) if info.base_name.startswith(prefix)
+        ]
+
+    def _walk(self, directory: str) -> Iterator[pafs.FileInfo]:
+        selector = pafs.FileSelector(directory, recursive=True, allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(selector)
+        except OSError as exc:
+            raise ArchiveError(f"cannot list {directory}: {exc}") from exc
+        return (info for info in infos if info.type == pafs.FileType.File)
+
+    def stage(self, relative: str, table: pa.Table, compression: str) -> StagedFile:
+        """Write ``table`` for the final path ``relative``; durable, not yet visible."""
+        final = self.path(relative)
+        directory, _, name = final.rpartition("/")
+        if not self.local:
+            with self.fs.open_output_stream(final) as stream:
+                pq.write_table(table, stream, compression=compression)
+            return StagedFile(final, final)
+        temp = f"{directory}/{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}"
+        for _ in range(3):  # a concurrent prune may remove the directory once it is empty
+            os.makedirs(directory, exist_ok=True)
+            try:
+                handle = open(temp, "wb")  # noqa: SIM115 -- closed below, after the fsync
+            except FileNotFoundError:
+                continue
+            with handle:
+                pq.write_table(table, handle, compression=compression)
+                handle.flush()
+                os.fsync(handle.fileno())
+            return StagedFile(temp, final)
+        raise ArchiveError(f"cannot create {temp}: its directory keeps disappearing")
+
+    def commit(self, staged: list[StagedFile]) -> None:
+        """Make staged files visible under their final names (renames, then directory fsyncs)."""
+        if not self.local:
+            return
+        directories = set()
+        for file in staged:
+            os.replace(file.temp, file.final)
+            directories.add(file.final.rpartition("/")[0])
+        for directory in sorted(directories):
+            _fsync_directory(directory)
+
+    def delete(self, paths: list[str]) -> None:
+        """Delete ``paths`` (already gone is fine), then directories they leave empty."""
+        parents = set()
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.delete_file(path)
+            parents.add(path.rpartition("/")[0])
+        if self.local:
+            for directory in sorted(parents, key=len, reverse=True):
+                _remove_empty_up_to(directory, self.base)
+
+
+def _fsync_directory(directory: str) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _remove_empty_up_to(directory: str, base: str) -> None:
+    """Remove ``directory`` and its parents while empty, never ``base`` or above it."""
+    current = Path(directory)
+    stop = Path(base)
+    while current != stop and stop in current.parents:
+        try:
+            current.rmdir()
+        except OSError:
+            return
+        current = current.parent

@@ -1,0 +1,315 @@
+"""The archive's tables: which topic each holds, its Arrow schema, and how a message becomes a row.
+
+Each table's columns are its Avro record's fields (the newest version, mapped type by type:
+``int`` -> int32, ``long`` -> int64, ``map`` -> map<string, ...>, ``array`` -> list,
+``record`` -> struct, ``["null", X]`` -> nullable X; a union of several types, such as a
+command action's parameters, becomes text: JSON), plus where the message was read:
+
+- ``kafka_partition``, ``kafka_offset``;
+- ``kafka_timestamp_ms`` and ``kafka_timestamp_type`` (``log_append`` when the broker
+  stamped it, ``create`` when the producer did): the audit compares the broker's clock with
+  each host's through them;
+- ``decode_error`` and ``raw_value``: a message the archiver could not decode is kept as a
+  row with only these and the Kafka columns set (the views show it among the dead letters).
+
+``dead_letters`` holds ``<prefix>.dlq`` as it is: the original key and bytes, the reason
+and source headers. Pure: no I/O, no Kafka client.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from hashlib import blake2b
+from typing import Any, Final, cast
+
+import pyarrow as pa
+from fastavro import schemaless_reader
+
+from rlpulse.schemas.codec import HEADER_SIZE, MAGIC, Codec
+from rlpulse.schemas.exceptions import DecodeError
+from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
+
+__all__ = [
+    "KAFKA_COLUMNS",
+    "PARTITION_COLUMNS",
+    "Table",
+    "arrow_type",
+    "day_of",
+    "run_partition",
+    "tables_of",
+]
+
+KAFKA_COLUMNS: Final = (
+    pa.field("kafka_partition", pa.int32(), nullable=False),
+    pa.field("kafka_offset", pa.int64(), nullable=False),
+    pa.field("kafka_timestamp_ms", pa.int64()),
+    pa.field("kafka_timestamp_type", pa.string()),
+)
+PARTITION_COLUMNS: Final = (pa.field("date", pa.string()), pa.field("run", pa.string()))
+"""The hive partition columns every table gets from its directories."""
+_UNDECODABLE: Final = (pa.field("decode_error", pa.string()), pa.field("raw_value", pa.binary()))
+_TIMESTAMP_TYPES: Final = {0: None, 1: "create", 2: "log_append"}
+_NS_PER_MS: Final = 1_000_000
+_MS_PER_DAY: Final = 86_400_000
+_RUN_CHARS: Final = 150  # of a run id kept in its directory name (names are <= 255 bytes)
+NO_RUN: Final = "_"
+"""The ``run`` partition of records without a run id (a dead letter without a key)."""
+
+
+def arrow_type(avro: Any) -> pa.DataType:
+    """The Arrow type of a parsed Avro type (see the module docstring for the mapping)."""
+    if isinstance(avro, list):
+        branches = [branch for branch in avro if branch != "null"]
+        return arrow_type(branches[0]) if len(branches) == 1 else pa.string()
+    if isinstance(avro, str):
+        return _PRIMITIVES[avro]
+    kind = avro["type"]
+    if kind == "enum":
+        return pa.string()
+    if kind == "map":
+        return pa.map_(pa.string(), arrow_type(avro["values"]))
+    if kind == "array":
+        return pa.list_(arrow_type(avro["items"]))
+    if kind == "record":
+        return pa.struct([pa.field(f["name"], arrow_type(f["type"])) for f in avro["fields"]])
+    return arrow_type(kind)
+
+
+_PRIMITIVES: Final = {
+    "string": pa.string(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "double": pa.float64(),
+    "float": pa.float32(),
+    "boolean": pa.bool_(),
+    "bytes": pa.binary(),
+}
+
+
+def _text_unions(avro: Any) -> Callable[[Any], Any] | None:
+    """A function that turns the values of multi-type unions in ``avro`` into JSON, or None."""
+    if isinstance(avro, list):
+        branches = [branch for branch in avro if branch != "null"]
+        if len(branches) == 1:
+            return _text_unions(branches[0])
+        return lambda value: None if value is None else json.dumps(value)
+    if isinstance(avro, str) or avro["type"] == "enum":
+        return None
+    kind = avro["type"]
+    if kind in ("map", "array"):
+        inner = _text_unions(avro["values"] if kind == "map" else avro["items"])
+        if inner is None:
+            return None
+        each: Callable[[Any], Any] = inner
+        if kind == "map":
+            return lambda values: {k: each(v) for k, v in values.items()}
+        return lambda items: [each(v) for v in items]
+    if kind == "record":
+        changed: dict[str, Callable[[Any], Any]] = {}
+        for child in avro["fields"]:
+            convert = _text_unions(child["type"])
+            if convert is not None:
+                changed[child["name"]] = convert
+        if not changed:
+            return None
+        return lambda r: {k: (changed[k](v) if k in changed else v) for k, v in r.items()}
+    return None
+
+
+_NEWEST: dict[tuple[int, str], tuple[bytes, Any]] = {}
+
+
+def _newest(codec: Codec, record: str) -> tuple[bytes, Any]:
+    """The header and parsed schema of the newest version of ``record`` in ``codec``."""
+    key = (id(codec), record)
+    found = _NEWEST.get(key)
+    if found is None:
+        latest = codec.registry.latest(record)
+        found = _NEWEST[key] = (MAGIC + latest.fingerprint, latest.parsed)
+    return found
+
+
+@cache
+def _day(day_number: int) -> str:
+    return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day_number)).isoformat()
+
+
+def day_of(ms: int) -> str:
+    """The UTC date (``YYYY-MM-DD``) of a time in milliseconds since the epoch."""
+    return _day(ms // _MS_PER_DAY)
+
+
+def run_partition(run_id: str | None) -> str:
+    """The ``run`` partition value of a run id (long ids cut, with a hash to keep them apart)."""
+    if not run_id:
+        return NO_RUN
+    if len(run_id) <= _RUN_CHARS:
+        return run_id
+    return f"{run_id[:_RUN_CHARS]}~{blake2b(run_id.encode(), digest_size=8).hexdigest()}"
+
+
+def quote_partition(value: str) -> str:
+    """A partition value as it appears in a directory name (URI-encoded, as pyarrow reads it)."""
+    return urllib.parse.quote(value, safe="")
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of the archive: the topic it holds and how its messages become rows."""
+
+    name: str
+    """The view name: events, logs, steps, commands, acks, audits, dead_letters."""
+    topic: str
+    record: str | None
+    """The Avro record of the topic; None for the dead-letter topic (kept as bytes)."""
+    time_field: str | None
+    """The record's own time, in ns (``timestamp_ns``, ``emitted_ns``, ...)."""
+    schema: pa.Schema
+    """The columns of the files (the partition columns come from the directories)."""
+    convert: Callable[[Any], Any] | None = None
+
+    def row(
+        self,
+        codec: Codec,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int,
+        offset: int,
+        timestamp: tuple[int, int],
+        headers: Sequence[tuple[str, bytes | str | None]] | None = None,
+    ) -> tuple[dict[str, Any], str | None, int]:
+        """The row of one message, its run id (None when it has none) and when it happened.
+
+        ``timestamp`` is confluent-kafka's ``message.timestamp()`` pair (type, ms). The time
+        (ms) is Kafka's timestamp, else the record's own time, else 0: its UTC date is the
+        row's ``date`` partition, and retention goes by it. Never raises: a message that
+        does not decode becomes a ``decode_error`` row.
+        """
+        kind, stamp = timestamp
+        stamp_type = _TIMESTAMP_TYPES.get(kind)
+        stamp_ms: int | None = stamp if stamp_type is not None else None
+        if self.record is None:
+            return self._dead_letter(key, value, partition, offset, stamp_ms, stamp_type, headers)
+        try:
+            record = self.decode(codec, value or b"")
+        except DecodeError as exc:
+            row = _kafka(partition, offset, stamp_ms, stamp_type)
+            row["decode_error"] = str(exc)
+            row["raw_value"] = value or b""
+            return row, _text(key), stamp_ms if stamp_ms is not None and stamp_ms >= 0 else 0
+        if self.convert is not None:
+            record = self.convert(record)
+        record["kafka_partition"] = partition
+        record["kafka_offset"] = offset
+        record["kafka_timestamp_ms"] = stamp_ms
+        record["kafka_timestamp_type"] = stamp_type
+        if stamp_ms is None or stamp_ms < 0:
+            own = record.get(self.time_field) if self.time_field else None
+            stamp_ms = own // _NS_PER_MS if isinstance(own, int) and own >= 0 else 0
+        return record, record.get("run_id"), stamp_ms
+
+    def decode(self, codec: Codec, data: bytes) -> dict[str, Any]:
+        """Decode one message of this table's record; :class:`DecodeError` if it is not one.
+
+        Messages written with the newest schema (nearly all) are read straight with fastavro;
+        others (older versions, garbage) go through :meth:`Codec.decode`.
+        """
+        header, parsed = _newest(codec, self.record or "")
+        if data[:HEADER_SIZE] != header:
+            return codec.decode(data, self.record)
+        body = io.BytesIO(data)
+        body.seek(HEADER_SIZE)
+        try:
+            record = cast(dict[str, Any], schemaless_reader(body, parsed, None))
+        except Exception:  # fastavro's assorted errors: let the codec name the failure
+            return codec.decode(data, self.record)
+        if body.tell() != len(data):
+            return codec.decode(data, self.record)
+        return record
+
+    def _dead_letter(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int,
+        offset: int,
+        stamp_ms: int | None,
+        stamp_type: str | None,
+        headers: Sequence[tuple[str, bytes | str | None]] | None,
+    ) -> tuple[dict[str, Any], str | None, int]:
+        found = {name: raw.encode() if isinstance(raw, str) else raw for name, raw in headers or ()}
+        run = _text(key)
+        row = {
+            "run_id": run,
+            "reason": _text(found.get(REASON_HEADER)),
+            "source": _text(found.get(SOURCE_HEADER)),
+            "key": key,
+            "value": value,
+            **_kafka(partition, offset, stamp_ms, stamp_type),
+        }
+        return row, run, stamp_ms if stamp_ms is not None and stamp_ms >= 0 else 0
+
+
+def _kafka(
+    partition: int, offset: int, stamp_ms: int | None, stamp_type: str | None
+) -> dict[str, Any]:
+    return {
+        "kafka_partition": partition,
+        "kafka_offset": offset,
+        "kafka_timestamp_ms": stamp_ms,
+        "kafka_timestamp_type": stamp_type,
+    }
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+_RECORD_TABLES: Final = (
+    ("events", "events", "TrainerEvent", "timestamp_ns"),
+    ("logs", "logs", "LogRecord", "timestamp_ns"),
+    ("steps", "steps", "StepSummary", "emitted_ns"),
+    ("commands", "control", "ControlCommand", "issued_ns"),
+    ("acks", "acks", "CommandAck", "acked_ns"),
+    ("audits", "audits", "AuditReport", "audited_ns"),
+)
+_DEAD_LETTER_SCHEMA: Final = pa.schema(
+    [
+        pa.field("run_id", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        *KAFKA_COLUMNS,
+    ]
+)
+
+
+def tables_of(topics: Topics, codec: Codec) -> dict[str, Table]:
+    """Every archived table of a deployment, by view name."""
+    tables: dict[str, Table] = {}
+    for name, role, record, time_field in _RECORD_TABLES:
+        avro = codec.registry.latest(record).parsed
+        fields = [pa.field(f["name"], arrow_type(f["type"])) for f in avro["fields"]]
+        tables[name] = Table(
+            name=name,
+            topic=getattr(topics, role),
+            record=record,
+            time_field=time_field,
+            schema=pa.schema([*fields, *KAFKA_COLUMNS, *_UNDECODABLE]),
+            convert=_text_unions(avro),
+        )
+    tables["dead_letters"] = Table(
+        name="dead_letters",
+        topic=topics.dlq,
+        record=None,
+        time_field=None,
+        schema=_DEAD_LETTER_SCHEMA,
+    )
+    return tables

@@ -1,0 +1,208 @@
+"""The archive without Kafka: file names, crash recovery, retention, tables and views, audit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlpulse.schemas import default_codec
+from rlpulse.schemas.topics import Topics
+from rlpulse.streams.archive.audit import audit_runs
+from rlpulse.streams.archive.buffer import PartitionBuffer
+from rlpulse.streams.archive.catalog import open_archive, query_archive, run_sql
+from rlpulse.streams.archive.exceptions import QueryError
+from rlpulse.streams.archive.layout import FileName, plan_resume
+from rlpulse.streams.archive.prune import prune
+from rlpulse.streams.archive.store import ArchiveStore
+from rlpulse.streams.archive.tables import Table, tables_of
+from tests.unit.test_codec import SAMPLES
+
+TOPICS = Topics("unit")
+NOW_MS = int(time.time() * 1000)
+RECORDS = {
+    "events": "TrainerEvent",
+    "logs": "LogRecord",
+    "steps": "StepSummary",
+    "commands": "ControlCommand",
+    "acks": "CommandAck",
+    "audits": "AuditReport",
+}
+
+
+def tables() -> dict[str, Table]:
+    return tables_of(TOPICS, default_codec())
+
+
+def buffered(
+    table: Table, partition: int, records: list[tuple[int, dict[str, Any], int]]
+) -> PartitionBuffer:
+    """A buffer of (offset, record, kafka ms) encoded and read back as the archiver does."""
+    codec = default_codec()
+    buffer = PartitionBuffer(table, partition, 0.0)
+    for offset, record, stamp in records:
+        data = codec.encode(table.record or "", record)
+        row, run, stamp_ms = table.row(codec, b"k", data, partition, offset, (2, stamp))
+        buffer.add(row, run, offset, len(data), stamp_ms)
+    return buffer
+
+
+def flush(store: ArchiveStore, buffer: PartitionBuffer, renamed: int | None = None) -> None:
+    """Write a buffer's flush; ``renamed``: crash after renaming that many of its files."""
+    staged = [store.stage(f.relative, f.table, "zstd") for f in buffer.flush_plan()]
+    store.commit(staged if renamed is None else staged[:renamed])
+
+
+def test_file_names_round_trip() -> None:
+    name = FileName(2, 17, 90, 1, 3, NOW_MS)
+    assert FileName.parse(str(name)) == name
+    assert FileName.parse(".tmp-" + str(name)) is None and FileName.parse("x.parquet") is None
+
+
+def events(
+    *offsets: int, run: str = "run-1", stamp: int = NOW_MS
+) -> list[tuple[int, dict[str, Any], int]]:
+    return [(o, {**SAMPLES["TrainerEvent"], "run_id": run, "seq": o}, stamp) for o in offsets]
+
+
+def test_resume_after_the_last_complete_flush(tmp_path: Path) -> None:
+    store = ArchiveStore(str(tmp_path))
+    table = tables()["events"]
+    assert plan_resume(store.files(table.topic), 0).next_offset is None  # nothing: from the start
+    flush(store, buffered(table, 0, events(0, 1, 2)))
+    flush(store, buffered(table, 0, events(3, 4, run="run-1") + events(5, run="run-2")))
+    plan = plan_resume(store.files(table.topic), 0)
+    assert (plan.next_offset, plan.incomplete) == (6, [])
+    assert plan_resume(store.files(table.topic), 1).next_offset is None
+
+
+@pytest.mark.parametrize("renamed", [0, 1])
+def test_a_crash_inside_a_flush_is_undone_and_redone(tmp_path: Path, renamed: int) -> None:
+    """Killed after writing the temporary files (0 renamed) or between two renames (1)."""
+    store = ArchiveStore(str(tmp_path))
+    table = tables()["events"]
+    flush(store, buffered(table, 0, events(0, 1)))
+    flush(store, buffered(table, 0, events(2, run="a") + events(3, run="b")), renamed=renamed)
+    plan = plan_resume(store.files(table.topic), 0)
+    assert plan.next_offset == 2
+    assert len(plan.incomplete) == renamed
+    assert len(store.temp_files(table.topic, 0)) == 2 - renamed
+    store.delete(plan.incomplete + store.temp_files(table.topic, 0))  # what the archiver does
+    flush(store, buffered(table, 0, events(2, run="a") + events(3, run="b")))  # read again
+    _, rows = query_archive(str(tmp_path), TOPICS, "SELECT seq FROM events ORDER BY seq")
+    assert rows == [(0,), (1,), (2,), (3,)]  # each once
+
+
+def test_retention_deletes_old_files_except_each_partition_s_newest_flush(tmp_path: Path) -> None:
+    store = ArchiveStore(str(tmp_path))
+    table = tables()["events"]
+    day = 86_400_000
+    flush(store, buffered(table, 0, events(0, 1, stamp=NOW_MS - 3 * day)))
+    flush(store, buffered(table, 0, events(2, stamp=NOW_MS)))
+    flush(store, buffered(table, 1, events(0, stamp=NOW_MS - 3 * day)))  # newest of partition 1
+    result = prune(store, [table.topic], NOW_MS - day)
+    assert len(result.deleted) == 1 and len(result.kept_newest) == 1
+    remaining = sorted((name.partition, name.first) for _, name in store.files(table.topic))
+    assert remaining == [(0, 2), (1, 0)]
+    assert not any(  # emptied directories are gone too
+        not os.listdir(d) for d, _, _ in os.walk(tmp_path / table.topic)
+    )
+
+
+def test_rlpulse_archive_prune(tmp_path: Path) -> None:
+    store = ArchiveStore(str(tmp_path))
+    table = tables()["logs"]
+    old = NOW_MS - 10 * 86_400_000
+    record = SAMPLES["LogRecord"]
+    flush(store, buffered(table, 0, [(0, record, old), (1, record, old)]))
+    flush(store, buffered(table, 0, [(2, record, old)]))
+    done = subprocess.run(
+        [sys.executable, "-m", "rlpulse", "archive", "prune", "--root", str(tmp_path),
+         "--prefix", TOPICS.prefix, "--retention-days", "7"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "deleted 1 file(s) older than 7 days" in done.stdout
+    assert [name.first for _, name in store.files(table.topic)] == [2]
+
+
+def test_every_table_reads_back_through_its_view(tmp_path: Path) -> None:
+    store = ArchiveStore(str(tmp_path))
+    for name, record in RECORDS.items():
+        flush(store, buffered(tables()[name], 0, [(0, SAMPLES[record], NOW_MS)]))
+    con = open_archive(str(tmp_path), TOPICS)
+    for name, record in RECORDS.items():
+        columns, rows = run_sql(con, f"SELECT * FROM {name}")
+        (row,) = rows
+        got = dict(zip(columns, row, strict=True))
+        for field, value in SAMPLES[record].items():
+            if not isinstance(value, dict | list):  # nested values: checked below
+                assert got[field] == value, (name, field)
+        assert (got["kafka_offset"], got["run"]) == (0, "run-1")
+    _, rows = run_sql(con, "SELECT actions[2].params['factor'], evidence['value'] FROM commands")
+    assert rows == [("2.0", 0.41)]  # a union of types becomes JSON text
+    _, rows = run_sql(con, "SELECT metrics['reward_mean'].mean, missing_ranks FROM steps")
+    assert rows == [(1.5, [])]
+
+
+def test_undecodable_messages_are_kept_as_dead_letters(tmp_path: Path) -> None:
+    store = ArchiveStore(str(tmp_path))
+    codec = default_codec()
+    for table in (tables()["logs"], tables()["dead_letters"]):
+        buffer = PartitionBuffer(table, 0, 0.0)
+        row, run, stamp_ms = table.row(
+            codec, b"run-9", b"\x00garbage", 0, 5, (2, NOW_MS),
+            [("rlpulse-reason", b"invalid: rank 9 outside [0, 8)"), ("rlpulse-source", "e/1/2")],
+        )  # fmt: skip
+        buffer.add(row, run, 5, 8, stamp_ms)
+        flush(store, buffer)
+    _, rows = query_archive(
+        str(tmp_path),
+        TOPICS,
+        "SELECT run_id, reason, source, value FROM dead_letters ORDER BY reason",
+    )
+    assert rows == [
+        ("run-9", "invalid: rank 9 outside [0, 8)", "e/1/2", b"\x00garbage"),
+        ("run-9", "undecodable in the archive: garbage: no single-object encoding marker",
+         "unit.logs/0/5", b"\x00garbage"),
+    ]  # fmt: skip
+    assert query_archive(str(tmp_path), TOPICS, "SELECT count(*) FROM logs")[1] == [(0,)]
+
+
+def test_the_audit_finds_gaps_duplicates_and_clock_offsets(tmp_path: Path) -> None:
+    store = ArchiveStore(str(tmp_path))
+    event = {
+        **SAMPLES["TrainerEvent"],
+        "producer_id": "p-a",
+        "timestamp_ns": NOW_MS * 10**6 - 5 * 10**6,
+    }
+    log = {**SAMPLES["LogRecord"], "producer_id": "p-a", "timestamp_ns": NOW_MS * 10**6 - 9 * 10**6}
+    flush(store, buffered(tables()["events"], 0, [
+        (o, {**event, "seq": seq}, NOW_MS) for o, seq in enumerate([0, 1, 2, 6, 7, 7])
+    ]))  # fmt: skip
+    flush(store, buffered(tables()["logs"], 0, [(0, {**log, "seq": 3}, NOW_MS)]))
+    con = open_archive(str(tmp_path), TOPICS)
+    (audit,) = audit_runs(con, "run-1")
+    report = audit.report
+    assert (report["ok"], report["received"], report["lost"], report["duplicates"]) == (
+        False,
+        7,
+        2,
+        1,
+    )
+    assert [(g["first_seq"], g["last_seq"]) for g in report["gaps"]] == [(4, 5)]
+    assert report["clocks"] == [{"hostname": "node-7", "offset_ms": 5.0, "records": 7}]
+    assert "Producer p-a (rank 3 on node-7) is missing seq 4..5." in report["summary"]
+    assert (
+        audit_runs(con, "run-unknown")[0].report["summary"]
+        == "run run-unknown: no records in the archive."
+    )
+
+
+def test_bad_sql_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(QueryError, match="no_such_table"):
+        query_archive(str(tmp_path), TOPICS, "SELECT * FROM no_such_table")

@@ -1,0 +1,66 @@
+"""The fast LogRecord encoder writes exactly what the codec writes."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlpulse.producers.log_wire import (
+    FAST_FINGERPRINT,
+    LogEncoder,
+    LogSource,
+    TimestampVarint,
+    fit_text,
+)
+from rlpulse.producers.wire import zigzag
+from rlpulse.schemas import default_codec
+
+texts = st.text(max_size=40)
+names = st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3)
+
+
+@given(
+    step=st.integers(-(2**63), 2**63 - 1),
+    stage=texts,
+    level=st.sampled_from(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "CUSTOM"]),
+    levelno=st.integers(0, 100),
+    message=st.text(max_size=300),
+    exception=st.none() | texts,
+    trace_id=st.none() | texts,
+    fields=names,
+    rate=st.floats(min_value=0.0001, max_value=1.0),
+    sampled_out=st.dictionaries(st.text(max_size=8), st.integers(0, 2**40), max_size=3),
+    tags=names,
+)
+def test_byte_identical_to_the_codec(
+    step: int, stage: str, level: str, levelno: int, message: str, exception: str | None,
+    trace_id: str | None, fields: dict[str, str], rate: float, sampled_out: dict[str, int],
+    tags: dict[str, str],
+) -> None:  # fmt: skip
+    codec = default_codec()
+    source = LogSource("run-1", 2, 3, tags, "node-7", "10.0.0.7", 4242, "p-1")
+    encoder = LogEncoder(source, codec, max_text_bytes=10_000)
+    assert encoder.fast
+    arguments = (step, stage, level, levelno, "trainer.x", message, 1_700_000_000_000_000_000, 9)
+    options = {"exception": exception, "trace_id": trace_id, "fields": fields,
+               "sample_rate": rate, "sampled_out": sampled_out}  # fmt: skip
+    fast = encoder.encode(*arguments, **options)  # type: ignore[arg-type]
+    assert fast == codec.encode("LogRecord", encoder.record(*arguments, **options))  # type: ignore[arg-type]
+    assert codec.decode_log(fast)["message"] == message
+
+
+def test_the_fast_layout_is_the_newest_schema() -> None:
+    assert default_codec().registry.latest("LogRecord").fingerprint == FAST_FINGERPRINT
+
+
+def test_long_text_is_cut_with_a_note_not_refused() -> None:
+    assert fit_text("short", 100) == "short"
+    cut = fit_text("é" * 1000, 100)
+    assert len(cut.encode()) <= 100 and cut.endswith("bytes cut]")
+
+
+@given(st.lists(st.integers(0, 2**63 - 1), max_size=50), st.integers(1_700_000_000 * 10**9, 2**62))
+def test_timestamp_varints_are_zigzag(numbers: list[int], base: int) -> None:
+    varint = TimestampVarint()
+    for number in [*numbers, base, base + 1, base + 2**21, base - 5, base]:
+        assert varint(number) == zigzag(number)

@@ -1,0 +1,100 @@
+"""Local per-rank files: rotation at a size, deletion after the retention, never blocking."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from rlpulse.producers import EventHandler, EventLogger
+from rlpulse.producers.jsonl import RankRecord, list_rank_files, read_rank_logs
+from rlpulse.producers.rankfiles import RankFileSink, rotated_files
+from rlpulse.settings import load_settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines_of(paths: list[Path]) -> list[dict[str, object]]:
+    return [json.loads(line) for path in paths for line in path.read_text().splitlines()]
+
+
+def test_files_rotate_at_the_size_and_keep_every_line_once_in_order(tmp_path: Path) -> None:
+    clock = Clock()
+    sink = RankFileSink(tmp_path, "rollout", 3, rotation_bytes=1024, retention_s=60, clock=clock)
+    for number in range(300):
+        sink.put({"step": number, "stage": "rollout", "text": "x" * 20})
+        clock.now += 0.001
+    assert sink.flush(10)
+    sink.close()
+    rotated = rotated_files(sink.path)
+    assert len(rotated) >= 8
+    assert all(path.stat().st_size <= 1024 for path in rotated)
+    assert [line["step"] for line in lines_of([*rotated, sink.path])] == list(range(300))
+    assert not any(path.name.endswith(".jsonl") for path in rotated)  # tails read live files
+    assert sink.written == 300 and sink.dropped == 0
+
+
+def test_rotated_files_past_the_retention_are_deleted(tmp_path: Path) -> None:
+    clock = Clock()
+    sink = RankFileSink(tmp_path, "actor", 0, rotation_bytes=1024, retention_s=3600, clock=clock)
+    for number in range(100):
+        sink.put({"step": number, "pad": "y" * 40})
+    assert sink.flush(10)
+    old = rotated_files(sink.path)
+    assert old
+    for path in old:  # rotated long ago
+        os.utime(path, (clock.now - 7200, clock.now - 7200))
+    clock.now += 1
+    assert sorted(sink.sweep()) == sorted(old)
+    assert rotated_files(sink.path) == [] and sink.path.exists()
+    sink.close()
+
+
+def test_lines_beyond_the_queue_are_dropped_and_counted(tmp_path: Path) -> None:
+    sink = RankFileSink(tmp_path, "t", 0, rotation_bytes=10**9, retention_s=60, queue_max=5)
+    sink._thread = object()  # type: ignore[assignment]  # a writer that never runs
+    for number in range(8):
+        sink.put({"step": number})
+    assert sink.dropped == 3
+
+
+def test_an_event_logger_writes_events_and_records_readers_tell_apart(tmp_path: Path) -> None:
+    settings = load_settings(
+        {
+            "bootstrap": "127.0.0.1:1",
+            "producer": {"spool_dir": tmp_path / "spool", "hostname": "node-9"},
+            "logging": {"log_dir": tmp_path / "logs", "component": "verl_rollout", "level": "WARN"},
+        }
+    )
+    logger = EventLogger("run-1", rank=2, world_size=4, settings=settings)
+    handler = EventHandler(logger)
+    log = logging.getLogger("rankfiles-test")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    for step in range(3):
+        logger.log({"reward_mean": 1.0 + step}, step, "rollout")
+        log.info("below the WARN threshold")
+        log.warning("step %d warned", step)
+    assert logger.local is not None and logger.local.flush(10)
+    logger.close(timeout_s=0)
+    assert [(f.component, f.rank) for f in list_rank_files(tmp_path / "logs")] == [
+        ("verl_rollout", 2)
+    ]
+    lines = lines_of([tmp_path / "logs" / "verl_rollout_rank2.jsonl"])
+    records = [line for line in lines if line.get("kind") == "log"]
+    assert [r["message"] for r in records] == [f"step {s} warned" for s in range(3)]
+    assert all(r["hostname"] == "node-9" and r["pid"] == os.getpid() for r in lines)
+    assert [r["step"] for r in records] == [0, 1, 2]  # the step of the last metrics event
+    metrics = [i for i in read_rank_logs(tmp_path / "logs") if isinstance(i, RankRecord)]
+    assert [(m.step, m.metrics) for m in metrics] == [
+        (s, {"reward_mean": 1.0 + s}) for s in range(3)
+    ]
