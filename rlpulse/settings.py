@@ -355,6 +355,8 @@ class BrokerSettings(_Section):
         description="Client port (the controller uses port + 1); 0 picks free ports.",
     )
     heap: str = Field(default="1g", pattern=r"^\d+[kmg]$", description="The JVM's -Xmx.")
+
+
 class LoggingSettings(_Section):
     """Text log records on the trainer side, and its local per-rank files.
 
@@ -522,6 +524,8 @@ class Settings(BaseSettings):
     def exporter_group(self) -> str:
         """The exporter's Kafka consumer group."""
         return self.exporter.group_id or f"{self.prefix}-exporter"
+
+    @property
     def archive_root(self) -> str:
         """Where the archive lives: a directory or a pyarrow filesystem URI."""
         return self.archive.root or str(self.home / "archive")

@@ -5,7 +5,8 @@ are its two halves, ``CommandBus`` hands rank 0's commands to every rank, and
 ``EventHandler`` publishes ``logging`` records (text ones to ``<prefix>.logs``),
 ``SamplingFilter`` samples chatty ones, ``trace`` sets the trace id they carry, and
 ``RankLogWriter`` writes the per-rank JSON Lines layout. ``Settings`` (from
-:mod:`rlpulse.settings`) says where Kafka is and how the clients behave. Imports confluent-kafka, pydantic and ``rlpulse.schemas`` (never faust).
+:mod:`rlpulse.settings`) says where Kafka is and how the clients behave. Imports
+confluent-kafka, pydantic and ``rlpulse.schemas`` (never faust).
 """
 
 # `producers/` at the repository root is a link to this folder (docs/design.md, "Layout"):
