@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+
 from rlpulse.ops.exceptions import PublishError
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
-from rlpulse.transport.clients import new_producer
+from rlpulse.transport.clients import ClientDiagnostics, new_producer
 
 __all__ = ["publish_one"]
+
+_FLUSH_SLICE_S = 0.25
 
 
 def publish_one(
@@ -20,16 +26,34 @@ def publish_one(
     headers: list[tuple[str, str | bytes | None]] | None = None,
     timeout_s: float = 15.0,
 ) -> None:
-    """Produce one record to ``topic`` and wait until it is confirmed (:class:`PublishError`)."""
-    producer = new_producer(settings, client, {"enable.idempotence": True})
+    """Produce one record to ``topic`` and wait until it is confirmed (:class:`PublishError`).
+
+    Refused credentials or a failed TLS handshake end the wait at once, with what to check;
+    a record the broker refuses (no ACL to write ``topic``) ends it with the broker's word.
+    """
+    diagnostics = ClientDiagnostics(client, settings)
+    producer = new_producer(settings, client, {"enable.idempotence": True}, diagnostics)
     failures: list[str] = []
 
-    def delivered(error: object, _message: object) -> None:
+    def delivered(error: KafkaError | None, _message: object) -> None:
         if error is not None:
-            failures.append(str(error))
+            failures.append(f"{error.str()} ({error.name()})")
 
-    producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
-    if producer.flush(timeout_s) or failures:
+    deadline = time.monotonic() + timeout_s
+    remaining = 1
+    try:
+        producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
+        while remaining and diagnostics.failure is None and time.monotonic() < deadline:
+            remaining = producer.flush(min(_FLUSH_SLICE_S, max(0.0, deadline - time.monotonic())))
+    except KafkaException as exc:  # a fatal error: e.g. no ACL lets this user write anything
+        error = exc.args[0] if exc.args else exc
+        reason = error.str() if isinstance(error, KafkaError) else str(error)
+        raise PublishError(
+            f"could not publish to {topic} at {bootstrap_servers(settings)}: {reason}"
+        ) from None
+    if diagnostics.failure is not None:
+        raise PublishError(f"could not publish to {topic}: {diagnostics.failure}")
+    if remaining or failures:
         reason = failures[0] if failures else f"not confirmed within {timeout_s:.0f} s"
         raise PublishError(
             f"could not publish to {topic} at {bootstrap_servers(settings)}: {reason}"
