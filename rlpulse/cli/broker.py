@@ -60,6 +60,7 @@ def broker_up(
             f"secured: SASL_SSL, SCRAM-SHA-512, ACLs; CA {info.ca_file}\n"
             "add users with: rlpulse broker user add NAME --role " + "|".join(ROLES),
             highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -132,6 +133,7 @@ def user_add(
         f"user {user.name} ({user.role}, prefix {chosen.prefix}): {user.acls} ACLs; "
         f"password in {user.password_file}",
         highlight=False,
+        soft_wrap=True,
     )
     info = broker.info()
     ca = "" if info is None else f" RLPULSE_SECURITY__CA_FILE={info.ca_file}"

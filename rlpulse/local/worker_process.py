@@ -12,7 +12,7 @@ from types import TracebackType
 
 from rlpulse.local.broker import tail
 from rlpulse.local.exceptions import WorkerProcessError
-from rlpulse.settings import load_settings
+from rlpulse.settings import Settings, load_settings
 from rlpulse.transport.clients import new_admin
 
 __all__ = ["WorkerProcess"]
@@ -31,6 +31,7 @@ class WorkerProcess:
         grace_s: float = 30.0,
         extra_args: tuple[str, ...] = (),
         data_dir: Path | None = None,
+        watch_settings: Settings | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.prefix = prefix
@@ -40,6 +41,8 @@ class WorkerProcess:
         self.grace_s = grace_s
         self.extra_args = extra_args
         self.data_dir = data_dir or log_file.parent / f"{prefix}-worker-data"
+        self.watch_settings = watch_settings
+        """How :meth:`wait_consuming` reaches Kafka (default: ``bootstrap``, unsecured)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -89,7 +92,8 @@ class WorkerProcess:
 
     def wait_consuming(self, timeout_s: float = 60.0) -> None:
         """Block until the worker's consumer group is stable with this worker in it."""
-        admin = new_admin(load_settings({"bootstrap": self.bootstrap}), "worker watch")
+        watch = self.watch_settings or load_settings({"bootstrap": self.bootstrap})
+        admin = new_admin(watch, "worker watch")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():

@@ -9,7 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 from rlpulse.ops.exceptions import PublishError
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
-from rlpulse.transport.clients import ClientDiagnostics, new_producer
+from rlpulse.transport.clients import ClientDiagnostics, kafka_error_of, new_producer
 
 __all__ = ["publish_one"]
 
@@ -33,11 +33,11 @@ def publish_one(
     """
     diagnostics = ClientDiagnostics(client, settings)
     producer = new_producer(settings, client, {"enable.idempotence": True}, diagnostics)
-    failures: list[str] = []
+    failures: list[KafkaError] = []
 
     def delivered(error: KafkaError | None, _message: object) -> None:
-        if error is not None:
-            failures.append(f"{error.str()} ({error.name()})")
+        if error is not None:  # read later: in a callback after a fatal error it cannot be
+            failures.append(error)
 
     deadline = time.monotonic() + timeout_s
     remaining = 1
@@ -45,16 +45,21 @@ def publish_one(
         producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
         while remaining and diagnostics.failure is None and time.monotonic() < deadline:
             remaining = producer.flush(min(_FLUSH_SLICE_S, max(0.0, deadline - time.monotonic())))
-    except KafkaException as exc:  # a fatal error: e.g. no ACL lets this user write anything
-        error = exc.args[0] if exc.args else exc
-        reason = error.str() if isinstance(error, KafkaError) else str(error)
+    except (KafkaException, SystemError) as exc:  # fatal: e.g. this user may write no topic
+        error = kafka_error_of(exc)
+        if error is None:
+            raise
         raise PublishError(
-            f"could not publish to {topic} at {bootstrap_servers(settings)}: {reason}"
+            f"could not publish to {topic} at {bootstrap_servers(settings)}: {error.str()}"
         ) from None
     if diagnostics.failure is not None:
         raise PublishError(f"could not publish to {topic}: {diagnostics.failure}")
     if remaining or failures:
-        reason = failures[0] if failures else f"not confirmed within {timeout_s:.0f} s"
+        reason = (
+            f"{failures[0].str()} ({failures[0].name()})"
+            if failures
+            else f"not confirmed within {timeout_s:.0f} s"
+        )
         raise PublishError(
             f"could not publish to {topic} at {bootstrap_servers(settings)}: {reason}"
         )

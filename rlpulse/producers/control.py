@@ -36,7 +36,8 @@ from rlpulse.schemas.records import AckStatus, CommandAck, ControlCommand
 from rlpulse.schemas.signing import signature_problem
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
-from rlpulse.transport.clients import new_consumer, new_producer
+from rlpulse.transport.clients import kafka_error_of, new_consumer, new_producer
+from rlpulse.transport.roles import control_group_prefix
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +173,9 @@ class ControlClient:
         }
         self._acked.add(record["command_id"])
         reports = self._send_ack(record)
-        if reports is None or self._producer is None:
+        if reports is None:
             return False
-        self._producer.flush(self.ack_timeout_s)
+        self._serve_acks(self.ack_timeout_s)
         if not reports:
             log.warning(
                 "run %s: ack of %s not confirmed within %.1f s; still queued until close()",
@@ -231,8 +232,27 @@ class ControlClient:
             "detail": {"reason": reason, "check": check},
             "acked_ns": time.time_ns(),
         }
-        if self._send_ack(record) is not None and self._producer is not None:
-            self._producer.poll(0)
+        if self._send_ack(record) is not None:
+            self._serve_acks(0.0)
+
+    def _serve_acks(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the queued acks; return how many are still queued.
+
+        A fatal producer error (a user without the ACL to write acks) is logged, not raised.
+        """
+        if self._producer is None:
+            return 0
+        try:
+            if timeout_s <= 0:
+                self._producer.poll(0)
+                return len(self._producer)
+            return int(self._producer.flush(timeout_s))
+        except (KafkaException, SystemError) as exc:
+            error = kafka_error_of(exc)
+            if error is None:
+                raise
+            self._warn("ack-fatal", "run %s: acks cannot be written: %s", self.run_id, error.str())
+            return len(self._producer)
 
     def close(self) -> None:
         """Stop reading and give queued acks up to ``ack_timeout_s`` to be delivered."""
@@ -241,7 +261,7 @@ class ControlClient:
         self._closed = True
         self._stopping.set()
         if self._producer is not None:
-            remaining = int(self._producer.flush(self.ack_timeout_s))
+            remaining = self._serve_acks(self.ack_timeout_s)
             if remaining:
                 log.warning("run %s: %d ack(s) lost at close()", self.run_id, remaining)
             self._producer = None
@@ -307,7 +327,7 @@ class ControlClient:
         if self._consumer is None:
             self._consumer = new_consumer(
                 self.settings,
-                f"rlpulse-control-{uuid.uuid4().hex}",
+                control_group_prefix(self.settings.prefix) + uuid.uuid4().hex,
                 f"control client of run {self.run_id}",
                 {"enable.partition.eof": True},
             )

@@ -12,7 +12,8 @@ with the reason and never returns it (:class:`~rlpulse.producers.control.Control
 
 The action vocabulary is the wire contract of ``ControlCommand.actions`` (docs/design.md,
 "Rules"): ``stop{}``, ``checkpoint{tag?}``, ``scale_rollout_batch{factor, min?, max?}``,
-``set{key, value}``, ``alert{severity, message}``.
+``set{key, value}``, ``alert{message, severity?}`` (a trainer logs an alert without a
+severity as a warning).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ ACTION_PARAMS: Mapping[str, tuple[frozenset[str], frozenset[str]]] = {
     "checkpoint": (frozenset(), frozenset({"tag"})),
     "scale_rollout_batch": (frozenset({"factor"}), frozenset({"min", "max"})),
     "set": (frozenset({"key", "value"}), frozenset()),
-    "alert": (frozenset({"severity", "message"}), frozenset()),
+    "alert": (frozenset({"message"}), frozenset({"severity"})),
 }
 """Each action type and its (required, optional) parameters."""
 
@@ -154,8 +155,8 @@ def _set(params: Mapping[str, ParamValue], limits: CommandLimits) -> str | None:
 
 
 def _alert(params: Mapping[str, ParamValue], limits: CommandLimits) -> str | None:
-    severity = params["severity"]
-    if severity not in SEVERITIES:
+    severity = params.get("severity")
+    if severity is not None and severity not in SEVERITIES:
         return f"severity must be one of {', '.join(SEVERITIES)}, got {severity!r:.80}"
     return _text("message", params["message"], limits)
 

@@ -42,6 +42,7 @@ from rlpulse.settings import Settings
 from rlpulse.transport.clients import new_consumer
 from rlpulse.transport.exceptions import TransportError
 from rlpulse.transport.readiness import Deadline, retry_until
+from rlpulse.transport.roles import rules_group_prefix
 
 __all__ = [
     "REFUSALS",
@@ -212,7 +213,7 @@ class RulesTopicFollower:
         self.book = book
         self.topic = Topics(settings.prefix).rules
         self._consumer = new_consumer(
-            settings, f"rlpulse-rules-{uuid.uuid4().hex}", "rules topic follower"
+            settings, rules_group_prefix(settings.prefix) + uuid.uuid4().hex, "rules topic follower"
         )
         self._stop = threading.Event()
         self._caught_up = threading.Event()

@@ -40,6 +40,7 @@ __all__ = [
     "client_hooks",
     "client_properties",
     "faust_broker_options",
+    "kafka_error_of",
     "new_admin",
     "new_consumer",
     "new_producer",
@@ -74,6 +75,21 @@ def security_failure(error: KafkaError, settings: Settings) -> str | None:
             "security.ca_file (the CA that signed the brokers' certificates) and "
             "security.verify_hostname"
         )
+    return None
+
+
+def kafka_error_of(exc: BaseException) -> KafkaError | None:
+    """The ``KafkaError`` behind ``exc``, or None.
+
+    A ``KafkaException`` carries it; so does the ``SystemError`` confluent-kafka raises from
+    ``poll``/``flush`` when a delivery callback runs after a fatal error was raised there
+    (an idempotent producer of a user who may write no topic at all): it is the cause.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
+            return seen.args[0]
+        seen = seen.__cause__ or seen.__context__
     return None
 
 
