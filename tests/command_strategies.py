@@ -35,16 +35,50 @@ values: st.SearchStrategy[ParamValue] = st.one_of(
     long_text,
 )
 params = st.dictionaries(st.one_of(st.sampled_from(PARAM_NAMES), text), values, max_size=4)
-actions: st.SearchStrategy[Action] = st.builds(
+random_actions: st.SearchStrategy[Action] = st.builds(
     lambda kind, given: {"type": kind, "params": given},
     st.one_of(st.sampled_from(KNOWN_TYPES), text),
     params,
 )
 
 
+def _action(kind: str, **given: ParamValue) -> Action:
+    return {"type": kind, "params": {k: v for k, v in given.items() if v is not None}}
+
+
+sizes = st.none() | st.integers(min_value=-2, max_value=400)
+plausible_actions: st.SearchStrategy[Action] = st.one_of(
+    st.just(_action("stop")),
+    st.builds(
+        lambda tag: _action("checkpoint", tag=tag),
+        st.none() | st.sampled_from(["kl", "best", "kl violation", "../up", ""]),
+    ),
+    st.builds(
+        lambda factor, low, high: _action("scale_rollout_batch", factor=factor, min=low, max=high),
+        st.floats(min_value=0.01, max_value=20) | st.sampled_from([0.5, 2.0, 2]),
+        sizes,
+        sizes,
+    ),
+    st.builds(
+        lambda key, value: {"type": "set", "params": {"key": key, "value": value}},
+        st.sampled_from(["lr", "clip", ""]),
+        values,
+    ),
+    st.builds(
+        lambda message, severity: _action("alert", message=message, severity=severity),
+        st.sampled_from(["noisy", "look at it", ""]),
+        st.none() | st.sampled_from(["info", "warning", "critical", "doom"]),
+    ),
+)
+"""Actions of the known types with parameters near what rules and operators send."""
+
+actions = st.one_of(plausible_actions, random_actions)
+
+
 @st.composite
 def commands(draw: st.DrawFn, run_id: str) -> ControlCommand:
-    """A command for ``run_id`` (attempt 0, not dry-run) with 0 to 20 random actions."""
+    """A command for ``run_id`` (attempt 0, not dry-run): 0 to 4 plausible actions, or up to 20
+    of any kind."""
     return {
         "command_id": str(uuid.uuid4()),
         "run_id": run_id,
@@ -55,7 +89,7 @@ def commands(draw: st.DrawFn, run_id: str) -> ControlCommand:
         "rule_id": draw(st.none() | text),
         "rule_version": None,
         "dry_run": False,
-        "actions": draw(st.lists(actions, max_size=20)),
+        "actions": draw(st.lists(plausible_actions, max_size=4) | st.lists(actions, max_size=20)),
         "reason": draw(text),
         "evidence": draw(st.dictionaries(text, st.floats(allow_nan=True), max_size=3)),
         "issued_ns": time.time_ns(),
