@@ -31,7 +31,7 @@ def publish_one(
     Refused credentials or a failed TLS handshake end the wait at once, with what to check;
     a record the broker refuses (no ACL to write ``topic``) ends it with the broker's word.
     """
-    diagnostics = ClientDiagnostics(client, settings)
+    diagnostics = ClientDiagnostics(client, settings, logs_failure=False)
     producer = new_producer(settings, client, {"enable.idempotence": True}, diagnostics)
     failures: list[KafkaError] = []
 

@@ -20,6 +20,7 @@ sentence that says what to check, and start-up waits give up on them at once.
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,6 +52,7 @@ __all__ = [
 
 QUEUE_MAX_MESSAGES = 1_000_000
 _LOG = logging.getLogger("rlpulse.librdkafka")
+_BROKER_HEAD = re.compile(r"^[a-z_]+://\S+: ")
 
 
 def security_failure(error: KafkaError, settings: Settings) -> str | None:
@@ -94,8 +96,11 @@ def kafka_error_of(exc: BaseException) -> KafkaError | None:
 
 
 def _librdkafka_reason(error: KafkaError) -> str:
-    """The error's text without librdkafka's ``(after 301ms in state AUTH_REQ)`` tail."""
-    text = error.str()
+    """The error's text without librdkafka's broker head and timing tail.
+
+    The head is ``sasl_ssl://host:port/bootstrap: ``, the tail ``(after 301ms in state ...)``.
+    """
+    text = _BROKER_HEAD.sub("", error.str())
     cut = text.rfind(" (after ")
     return text[:cut] if cut > 0 else text
 
@@ -104,13 +109,18 @@ class ClientDiagnostics:
     """Routes one client's librdkafka logs and errors to ``logging`` without flooding it.
 
     Each error code is logged once at WARNING (fatal ones at ERROR), repeats and log
-    lines at DEBUG. A :func:`security_failure` is logged once at ERROR as its sentence and
-    kept in :attr:`failure`, where start-up checks look for it.
+    lines at DEBUG. A :func:`security_failure` is kept in :attr:`failure`, where callers
+    that wait for the client look for it, and logged once at ERROR as its sentence -- unless
+    ``logs_failure`` is false because the caller raises it itself; the errors that follow
+    from it (all brokers down) are then only logged at DEBUG.
     """
 
-    def __init__(self, client: str, settings: Settings | None = None) -> None:
+    def __init__(
+        self, client: str, settings: Settings | None = None, *, logs_failure: bool = True
+    ) -> None:
         self._client = client
         self._settings = settings
+        self._logs_failure = logs_failure
         self._warn = WarnOnce(_LOG)
         self.failure: str | None = None
         """The first security failure this client met, as a sentence."""
@@ -122,13 +132,16 @@ class ClientDiagnostics:
     def error_cb(self, error: KafkaError) -> None:
         """Receive a librdkafka client error (the ``error_cb`` property calls this)."""
         sentence = None if self._settings is None else security_failure(error, self._settings)
+        fmt = "%s: Kafka error %s: %s"
         if sentence is not None:
             if self.failure is None:
                 self.failure = sentence
-                _LOG.error("%s: %s", self._client, sentence)
+                level = logging.ERROR if self._logs_failure else logging.DEBUG
+                _LOG.log(level, "%s: %s", self._client, sentence)
             return
-        fmt = "%s: Kafka error %s: %s"
-        if error.fatal():
+        if self.failure is not None and not self._logs_failure:
+            _LOG.debug(fmt, self._client, error.name(), error.str())
+        elif error.fatal():
             _LOG.error(fmt, self._client, error.name(), error.str())
         else:
             self._warn(str(error.code()), fmt, self._client, error.name(), error.str())

@@ -93,7 +93,7 @@ def wait_for_kafka(settings: Settings, deadline: Deadline, say: Say | None = Non
     :class:`SecurityFailureError` as soon as Kafka refuses the credentials or TLS fails.
     """
     bootstrap = bootstrap_servers(settings)
-    diagnostics = ClientDiagnostics("start-up check", settings)
+    diagnostics = ClientDiagnostics("start-up check", settings, logs_failure=False)
     admin = new_admin(settings, "start-up check", diagnostics)
 
     def refused() -> None:

@@ -7,6 +7,7 @@ broker's state directory and reaches clients through ``security.password_file``.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import secrets
@@ -21,6 +22,10 @@ from typing import Any, TypeVar
 
 import yaml
 from confluent_kafka import TopicPartition
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from rlpulse.local.broker import LocalBroker
 from rlpulse.local.private_files import write_private
@@ -183,3 +188,35 @@ def read_topic(
         return records
     finally:
         consumer.close()
+
+
+def issue_client_certificate(tls_dir: Path, common_name: str, out: Path) -> tuple[Path, Path]:
+    """A client certificate ``CN=<common_name>`` signed by the local broker's CA: (cert, key)."""
+    assert common_name != "broker"  # that name is the broker's super user
+    ca_key = serialization.load_pem_private_key((tls_dir / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca = x509.load_pem_x509_certificate((tls_dir / "ca.pem").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_file, key_file = out / f"{common_name}.pem", out / f"{common_name}.key"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    write_private(
+        key_file,
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+    return cert_file, key_file
