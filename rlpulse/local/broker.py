@@ -203,6 +203,11 @@ class LocalBroker:
         return self.state_dir / "tls"
 
     @property
+    def ca_file(self) -> Path:
+        """The CA clients of the secured broker trust (made by :mod:`rlpulse.local.tls`)."""
+        return self.tls_dir / "ca.pem"
+
+    @property
     def admin_password_file(self) -> Path:
         """The admin user's password (``--secure``; 0600)."""
         return self.state_dir / "secrets" / f"{ADMIN_USER}.password"
@@ -225,7 +230,7 @@ class LocalBroker:
             sasl_mechanism=SECURE_MECHANISM,
             username=ADMIN_USER,
             password_file=self.admin_password_file,
-            ca_file=self.tls_dir / "ca.pem",
+            ca_file=self.ca_file,
         )
         return self.settings.model_copy(update={"bootstrap": bootstrap, "security": security})
 
@@ -345,7 +350,7 @@ class LocalBroker:
         jars = KafkaJars(self.cache_dir)
         libs = jars.resolve(say)
         tls = self._ensure_tls(say) if self.secure else None
-        config = self._write_config(port, controller_port, internal_port)
+        config = self._write_config(port, controller_port, internal_port, tls)
         self._format_storage(java, libs, config, say)
         secured = f" ({SECURE_MECHANISM} over TLS)" if self.secure else ""
         say(f"Starting Apache Kafka {jars.kafka_version} on 127.0.0.1:{port}{secured}")
@@ -406,25 +411,27 @@ class LocalBroker:
                 "rlpulse broker up --secure makes its certificates with the cryptography "
                 "package: pip install 'rlpulse[streams]' (or pip install cryptography)"
             ) from None
-        if not (self.tls_dir / "ca.pem").exists():
+        if not self.ca_file.exists():
             say(f"Making a CA and the broker's TLS certificate in {self.tls_dir}")
         return ensure_broker_tls(self.tls_dir)
 
-    def _write_config(self, port: int, controller_port: int, internal_port: int) -> Path:
+    def _write_config(
+        self, port: int, controller_port: int, internal_port: int, tls: BrokerTls | None
+    ) -> Path:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         template = Template((_kafka_files() / "server.properties").read_text())
         text = template.substitute(
             port=port, controller_port=controller_port, data_dir=self.state_dir / "data"
         )
-        if self.secure:
+        if tls is not None:
             secure = Template((_kafka_files() / "server-secure.properties").read_text())
             text += "\n" + secure.substitute(
                 port=port,
                 controller_port=controller_port,
                 internal_port=internal_port,
                 admin_user=ADMIN_USER,
-                keystore=self.tls_dir / "broker-keystore.pem",
-                ca_file=self.tls_dir / "ca.pem",
+                keystore=tls.keystore,
+                ca_file=tls.ca_file,
             )
         if self.overrides:
             text += "\n# overrides\n" + "".join(f"{k}={v}\n" for k, v in self.overrides.items())
