@@ -33,6 +33,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -55,11 +56,13 @@ __all__ = [
     "ENV_PREFIX",
     "ArchiveSettings",
     "BrokerSettings",
+    "CommandLimits",
     "EventLimits",
     "ExporterSettings",
     "JoinerSettings",
     "LoggingSettings",
     "ProducerSettings",
+    "SecuritySettings",
     "Settings",
     "WorkerSettings",
     "explain",
@@ -106,6 +109,11 @@ Seconds = Annotated[float, BeforeValidator(parse_duration)]
 """A duration in seconds, also written ``7d``, ``12h``, ``30m``, ``45s`` or ``2w``."""
 Level = Annotated[LogLevel, BeforeValidator(_normal_level)]
 """A logging level name, any case; ``WARN`` means ``WARNING`` and ``FATAL`` ``CRITICAL``."""
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"]
+SECRET_MASK = "********"
+MIN_SIGNING_KEY_BYTES = 32
+_SENSITIVE_CLIENT_KEY = re.compile(r"password|secret", re.IGNORECASE)
 
 
 class _Section(BaseModel):
@@ -247,6 +255,9 @@ class WorkerSettings(JoinerSettings):
     )
     max_reason_bytes: int = Field(
         default=1024, ge=16, description="Dead-letter reason headers are cut to this length."
+    )
+    rules_max_bytes: int = Field(
+        default=256 * 1024, ge=1024, description="Largest rules text a worker accepts, in bytes."
     )
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="Serve Prometheus /metrics on this port."
@@ -439,6 +450,190 @@ class ArchiveSettings(_Section):
         default=120.0, gt=0, description="How long start-up waits for Kafka."
     )
 
+class CommandLimits(_Section):
+    """What a trainer accepts in a ControlCommand; a command beyond these is acked ``rejected``.
+
+    Checked before a command reaches the training loop (:mod:`rlpulse.producers.screening`),
+    whoever wrote it: a rule's command and an operator's alike.
+    """
+
+    scale_factor_min: float = Field(
+        default=1 / 16, gt=0, description="Smallest scale_rollout_batch factor accepted."
+    )
+    scale_factor_max: float = Field(
+        default=16.0, gt=0, description="Largest scale_rollout_batch factor accepted."
+    )
+    max_batch_size: int = Field(
+        default=1 << 20, ge=1, description="Largest batch size a command may ask for (min, max)."
+    )
+    max_actions: int = Field(default=16, ge=1, description="Most actions in one command.")
+    max_text_chars: int = Field(
+        default=1024, ge=16, description="Longest text parameter (tag, key, message, value)."
+    )
+
+    @model_validator(mode="after")
+    def _factor_range(self) -> CommandLimits:
+        if self.scale_factor_min > self.scale_factor_max:
+            raise ValueError(
+                f"scale_factor_min ({self.scale_factor_min}) must not exceed scale_factor_max "
+                f"({self.scale_factor_max})"
+            )
+        return self
+
+
+class SecuritySettings(_Section):
+    """How every Kafka client authenticates and encrypts, and the key that signs commands.
+
+    ``protocol`` is Kafka's ``security.protocol``; the SASL ones need ``username`` and a
+    password, the SSL ones check the brokers' certificates against ``ca_file`` (unset: the
+    system's CAs, or the CA of the local broker when ``bootstrap`` is unset) and may present
+    a client certificate (``cert_file`` + ``key_file``, mutual TLS). Secrets are never
+    written in a config file or given as a flag: the password comes from
+    ``RLPULSE_SECURITY__PASSWORD`` or ``password_file``, the signing key from
+    ``RLPULSE_SECURITY__CONTROL_SIGNING_KEY`` or ``control_signing_key_file``. With a signing
+    key, workers and operators sign the commands they write and trainers refuse the ones
+    that are not signed with it (:mod:`rlpulse.schemas.signing`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+    protocol: SecurityProtocol = Field(
+        default="PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."
+    )
+    sasl_mechanism: SaslMechanism = Field(
+        default="SCRAM-SHA-512", description="SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN."
+    )
+    username: str | None = Field(default=None, description="The SASL user name.")
+    password: SecretStr | None = Field(
+        default=None, description="The SASL password: only from RLPULSE_SECURITY__PASSWORD."
+    )
+    password_file: Path | None = Field(
+        default=None, description="A file holding the SASL password (one line)."
+    )
+    ca_file: Path | None = Field(
+        default=None, description="PEM CA certificates that sign the brokers' certificates."
+    )
+    cert_file: Path | None = Field(
+        default=None, description="PEM client certificate (chain) for mutual TLS."
+    )
+    key_file: Path | None = Field(
+        default=None, description="PEM private key of cert_file (unencrypted; keep it 0600)."
+    )
+    verify_hostname: bool = Field(
+        default=True, description="Check that a broker's certificate names the host dialled."
+    )
+    control_signing_key: SecretStr | None = Field(
+        default=None,
+        description="HMAC key of ControlCommands: only from RLPULSE_SECURITY__CONTROL_SIGNING_KEY.",
+    )
+    control_signing_key_file: Path | None = Field(
+        default=None, description="A file holding the command signing key (one line)."
+    )
+
+    @field_validator("protocol", "sasl_mechanism", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator(
+        "password_file", "ca_file", "cert_file", "key_file", "control_signing_key_file",
+        mode="before",
+    )  # fmt: skip
+    @classmethod
+    def _expand_path(cls, value: object) -> object:
+        if isinstance(value, str):
+            return Path(value).expanduser() if value.strip() else None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SecuritySettings:
+        problems = []
+        if self.password is not None and self.password_file is not None:
+            problems.append("set the password or password_file, not both")
+        if self.control_signing_key is not None and self.control_signing_key_file is not None:
+            problems.append("set control_signing_key or control_signing_key_file, not both")
+        if (self.cert_file is None) != (self.key_file is None):
+            problems.append("mutual TLS needs both cert_file and key_file")
+        if self.uses_sasl:
+            if not self.username:
+                problems.append(f"protocol {self.protocol} needs a username")
+            if self.password is None and self.password_file is None:
+                problems.append(
+                    f"protocol {self.protocol} needs a password: set RLPULSE_SECURITY__PASSWORD "
+                    "or security.password_file"
+                )
+        elif self.username or self.password is not None or self.password_file is not None:
+            problems.append(
+                f"a username or password is set but protocol {self.protocol} sends none; "
+                "use SASL_SSL (or SASL_PLAINTEXT)"
+            )
+        if not self.uses_tls and (self.ca_file or self.cert_file):
+            problems.append(
+                f"ca_file or cert_file is set but protocol {self.protocol} does not use TLS; "
+                "use SSL or SASL_SSL"
+            )
+        key = self.control_signing_key
+        if key is not None and len(key.get_secret_value().encode()) < MIN_SIGNING_KEY_BYTES:
+            problems.append(_SHORT_KEY)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def uses_sasl(self) -> bool:
+        """Whether clients authenticate with SASL (a user name and password)."""
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether connections are encrypted with TLS."""
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    def sasl_password(self) -> str | None:
+        """The SASL password (from the environment or ``password_file``); None without SASL.
+
+        Raises :class:`SettingsError` naming the file (never its content) if it is unreadable
+        or empty.
+        """
+        if not self.uses_sasl:
+            return None
+        if self.password is not None:
+            return self.password.get_secret_value()
+        assert self.password_file is not None  # the validator saw to it
+        return _read_secret(self.password_file, "security.password_file")
+
+    def signing_key(self) -> bytes | None:
+        """The command signing key, or None when commands are not signed.
+
+        Raises :class:`SettingsError` for an unreadable, empty or too short key file.
+        """
+        if self.control_signing_key is not None:
+            return self.control_signing_key.get_secret_value().encode()
+        if self.control_signing_key_file is None:
+            return None
+        key = _read_secret(self.control_signing_key_file, "security.control_signing_key_file")
+        if len(key.encode()) < MIN_SIGNING_KEY_BYTES:
+            raise SettingsError(f"security.control_signing_key_file {_SHORT_KEY}")
+        return key.encode()
+
+
+_SHORT_KEY = (
+    f"a command signing key needs at least {MIN_SIGNING_KEY_BYTES} bytes; make one with "
+    "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+)
+
+
+def _read_secret(path: Path, setting: str) -> str:
+    """The first line of a secret file, without its line end."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{setting}: cannot read {path}: {exc.__class__.__name__}") from None
+    secret = text.splitlines()[0].strip() if text.strip() else ""
+    if not secret:
+        raise SettingsError(f"{setting}: {path} is empty")
+    return secret
+
 
 class Settings(BaseSettings):
     """The root of the settings tree; see the module docstring for where values come from."""
@@ -446,6 +641,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         frozen=True,
         extra="forbid",
+        hide_input_in_errors=True,  # the security section holds secrets
         env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
         nested_model_default_partial_update=True,
@@ -474,9 +670,14 @@ class Settings(BaseSettings):
     exporter: ExporterSettings = ExporterSettings()
     logging: LoggingSettings = LoggingSettings()
     archive: ArchiveSettings = ArchiveSettings()
+    commands: CommandLimits = CommandLimits()
+    security: SecuritySettings = SecuritySettings()
 
-    secret_fields: ClassVar[frozenset[str]] = frozenset()
-    """Dotted names whose values ``rlpulse config show`` masks."""
+    secret_fields: ClassVar[frozenset[str]] = frozenset(
+        {"security.password", "security.control_signing_key"}
+    )
+    """Dotted names whose values ``rlpulse config show`` masks, and that only the environment
+    may set (never a flag or the config file)."""
 
     @field_validator("bootstrap", mode="before")
     @classmethod
@@ -579,9 +780,21 @@ def _config_file_source(settings_cls: type[BaseSettings], path: Path) -> YamlCon
     if not path.is_file():
         raise SettingsError(f"config file {path} does not exist")
     try:
-        return YamlConfigSettingsSource(settings_cls, yaml_file=path)
+        source = YamlConfigSettingsSource(settings_cls, yaml_file=path)
     except Exception as exc:  # yaml's errors carry the line and column
         raise SettingsError(f"config file {path} is not valid YAML: {exc}") from None
+    _refuse_secrets(source(), f"config file {path}")
+    return source
+
+
+def _refuse_secrets(tree: Mapping[str, Any], where: str) -> None:
+    """Secrets come from the environment or a file of their own, never ``where``."""
+    for name in sorted(Settings.secret_fields & set(_flatten(tree))):
+        env = ENV_PREFIX + name.replace(".", "__").upper()
+        raise SettingsError(
+            f"{where} sets {name}; a secret is never written there (it would be shown, logged "
+            f"or committed): set {env}, or {name}_file to a file that holds it"
+        )
 
 
 @contextlib.contextmanager
@@ -602,6 +815,7 @@ def load_settings(
     ``config_file`` replaces ``$RLPULSE_CONFIG``. Raises :class:`SettingsError`.
     """
     given = nest(overrides or {})
+    _refuse_secrets(given, "a flag")
     with _using_config_file(config_file):
         try:
             return Settings(**given)
@@ -686,14 +900,34 @@ def _problems(exc: ValidationError, origins: Mapping[str, str]) -> str:
         name = ".".join(str(part) for part in error["loc"])
         origin = origins.get(name)
         where = f" (from {origin})" if origin and origin != "default" else ""
-        lines.append(f"setting {name}{where}: {error['msg']}, got {error.get('input')!r}")
+        got = _redacted(name, error.get("input"))
+        lines.append(f"setting {name}{where}: {error['msg']}, got {got!r}")
     return "invalid settings:\n  " + "\n  ".join(lines)
 
 
+def _is_secret(name: str) -> bool:
+    """Whether the setting (or librdkafka property) ``name`` holds a secret."""
+    if name.startswith("librdkafka."):
+        return bool(_SENSITIVE_CLIENT_KEY.search(name))
+    return name in Settings.secret_fields
+
+
+def _redacted(name: str, value: Any) -> Any:
+    """``value`` of setting ``name`` (a subtree, or a leaf) with its secrets masked."""
+    if isinstance(value, Mapping):
+        prefix = f"{name}." if name else ""
+        return {key: _redacted(f"{prefix}{key}", item) for key, item in value.items()}
+    return SECRET_MASK if value and _is_secret(name) else value
+
+
 def masked(settings: Settings) -> dict[str, Any]:
-    """The settings as a flat dict of dotted names, secrets replaced by ``********``."""
+    """The settings as a flat dict of dotted names, secrets replaced by ``********``.
+
+    Secrets are the :attr:`Settings.secret_fields` and the librdkafka properties whose names
+    say password or secret (``sasl.password``, ``ssl.key.password``).
+    """
     flat = _flatten(settings.model_dump(mode="json"))
     return {
-        name: "********" if name in Settings.secret_fields and value else value
+        name: _redacted("librdkafka", value) if name == "librdkafka" else _redacted(name, value)
         for name, value in flat.items()
     }

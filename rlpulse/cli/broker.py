@@ -1,18 +1,29 @@
-"""``rlpulse broker up|down|status``: the local Apache Kafka broker."""
+"""``rlpulse broker up|down|status|user add|acl print``: the local Apache Kafka broker.
+
+``up --secure`` runs it with SASL_SSL, SCRAM and ACLs; ``user add`` creates a user with
+the ACLs of a role there; ``acl print`` prints the ``kafka-acls.sh`` commands that give a
+role the same ACLs on any cluster.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
-from rlpulse.cli.common import ConfigFile, one_line_errors, out, say, settings
+from rlpulse.cli.common import ConfigFile, Prefix, fail, one_line_errors, out, say, settings
 from rlpulse.local.broker import LocalBroker
+from rlpulse.transport.roles import ROLES, Role, kafka_acls_commands, role_grants
+from rlpulse.transport.users import principal
 
 broker_app = typer.Typer(
     help="A local Apache Kafka broker (KRaft) on 127.0.0.1.", no_args_is_help=True
 )
+user_app = typer.Typer(help="Users of the secured local broker.", no_args_is_help=True)
+acl_app = typer.Typer(help="The ACLs of rlpulse's roles.", no_args_is_help=True)
+broker_app.add_typer(user_app, name="user")
+broker_app.add_typer(acl_app, name="acl")
 
 StateDir = Annotated[
     Path | None,
@@ -27,13 +38,30 @@ def broker_up(
         int | None,
         typer.Option(help="Client port, the controller's is port + 1 (default: 9092; 0: free)."),
     ] = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="SASL_SSL with SCRAM-SHA-512, TLS certificates made on first use, and ACLs "
+            "(nothing is allowed without one). Add users with `rlpulse broker user add`.",
+        ),
+    ] = False,
     state_dir: StateDir = None,
     config: ConfigFile = None,
 ) -> None:
     """Start the local broker (or report the running one)."""
-    broker = LocalBroker(settings(config, {"broker.port": port}), state_dir=state_dir)
+    broker = LocalBroker(
+        settings(config, {"broker.port": port}), state_dir=state_dir, secure=secure
+    )
     info = broker.up(progress=lambda message: say(f"{message}…"))
     out.print(f"Kafka {info.kafka_version} is up at [bold]{info.bootstrap}[/] (pid {info.pid})")
+    if info.secure:
+        out.print(
+            f"secured: SASL_SSL, SCRAM-SHA-512, ACLs; CA {info.ca_file}\n"
+            "add users with: rlpulse broker user add NAME --role " + "|".join(ROLES),
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @broker_app.command("down")
@@ -52,3 +80,94 @@ def broker_status(state_dir: StateDir = None, config: ConfigFile = None) -> None
     out.print(broker.status(), highlight=False)
     if broker.info() is None:
         raise typer.Exit(1)
+
+
+RoleOption = Annotated[
+    str, typer.Option("--role", help=f"One of: {', '.join(ROLES)}.", show_default=False)
+]
+Groups = Annotated[
+    list[str] | None,
+    typer.Option("--group", help="A further consumer group the user may use (repeatable)."),
+]
+
+
+def _role(name: str) -> Role:
+    if name not in ROLES:
+        raise fail(f"unknown role {name!r}; roles: {', '.join(ROLES)}")
+    return cast(Role, name)
+
+
+@user_app.command("add")
+@one_line_errors
+def user_add(
+    name: Annotated[str, typer.Argument(help="The user name (letters, digits, . _ -).")],
+    role: RoleOption,
+    password_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Take the password from this file (default: keep the user's, or make one).",
+            dir_okay=False,
+            exists=True,
+        ),
+    ] = None,
+    group: Groups = None,
+    prefix: Prefix = None,
+    state_dir: StateDir = None,
+    config: ConfigFile = None,
+) -> None:
+    """Create a SCRAM user on the secured local broker with exactly the ACLs of a role."""
+    chosen = settings(config, {"prefix": prefix})
+    password = None if password_file is None else password_file.read_text().strip()
+    if password_file is not None and not password:
+        raise fail(f"{password_file} is empty")
+    broker = LocalBroker(chosen, state_dir=state_dir, secure=True)
+    user = broker.add_user(
+        name,
+        _role(role),
+        prefix=chosen.prefix,
+        worker_group=chosen.worker_group,
+        extra_groups=tuple(group or ()),
+        password=password,
+    )
+    out.print(
+        f"user {user.name} ({user.role}, prefix {chosen.prefix}): {user.acls} ACLs; "
+        f"password in {user.password_file}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    info = broker.info()
+    ca = "" if info is None else f" RLPULSE_SECURITY__CA_FILE={info.ca_file}"
+    out.print(
+        "connect with: RLPULSE_SECURITY__PROTOCOL=SASL_SSL "
+        f"RLPULSE_SECURITY__USERNAME={user.name} "
+        f"RLPULSE_SECURITY__PASSWORD_FILE={user.password_file}{ca}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@acl_app.command("print")
+@one_line_errors
+def acl_print(
+    role: RoleOption,
+    user: Annotated[str, typer.Option(help="The user the ACLs are for.")] = "NAME",
+    group: Groups = None,
+    prefix: Prefix = None,
+    config: ConfigFile = None,
+) -> None:
+    """Print the kafka-acls.sh commands that give a user a role's ACLs on a cluster.
+
+    Set KAFKA_BOOTSTRAP to the cluster and KAFKA_ADMIN_CONFIG to an admin client config.
+    """
+    chosen = settings(config, {"prefix": prefix})
+    grants = role_grants(_role(role), chosen.prefix, chosen.worker_group, tuple(group or ()))
+    typer.echo(f"# role {role}, prefix {chosen.prefix}, user {user}")
+    for grant in grants:
+        typer.echo(f"#   {grant.describe()}")
+    typer.echo(
+        "# create the user first (SCRAM): kafka-configs.sh --bootstrap-server "
+        '"$KAFKA_BOOTSTRAP" --command-config "$KAFKA_ADMIN_CONFIG" --alter --entity-type '
+        f"users --entity-name {user} --add-config 'SCRAM-SHA-512=[password=...]'"
+    )
+    for line in kafka_acls_commands(principal(user), grants):
+        typer.echo(line)

@@ -6,6 +6,14 @@ KRaft storage, starts ``kafka.Kafka`` and waits until a metadata request succeed
 The broker's pid, ports and bootstrap address are recorded in a state directory so
 ``status`` and ``down`` find it again from another process. The demo and the test
 suite start their brokers with this same code.
+
+``secure=True`` (``rlpulse broker up --secure``) starts the same broker with one SASL_SSL
+listener for clients (SCRAM-SHA-512), TLS with client certificates for the controller and
+inter-broker listeners, the standard authorizer and no access without an ACL
+(``server-secure.properties``). On first use it makes a CA and the broker's certificate
+(:mod:`rlpulse.local.tls`) and an admin user whose password it keeps in
+``<state>/secrets/admin.password`` (0600); :meth:`LocalBroker.add_user` creates users with
+the ACLs of a role. A state directory is formatted either way once and stays that way.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import base64
 import contextlib
 import hashlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -21,20 +30,32 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from string import Template
+from typing import TYPE_CHECKING
 
 from rlpulse.local.exceptions import BrokerError
-from rlpulse.settings import Settings
+from rlpulse.local.private_files import write_private
+from rlpulse.settings import SaslMechanism, SecuritySettings, Settings
 from rlpulse.transport.bootstrap import BrokerRecord, pid_alive
 from rlpulse.transport.clients import new_admin
+from rlpulse.transport.exceptions import TransportError
+from rlpulse.transport.roles import Role, role_grants
+from rlpulse.transport.users import USER_NAME, replace_acls, set_scram_password
 
-__all__ = ["KafkaJars", "LocalBroker", "bootstrap_or_local_broker", "tail"]
+if TYPE_CHECKING:
+    from rlpulse.local.tls import BrokerTls
+
+__all__ = ["ADMIN_USER", "KafkaJars", "LocalBroker", "NewUser", "bootstrap_or_local_broker", "tail"]
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
+ADMIN_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 15
+ADMIN_USER = "admin"
+SECURE_MECHANISM: SaslMechanism = "SCRAM-SHA-512"
 
 Progress = Callable[[str], None]
 
@@ -141,11 +162,22 @@ class KafkaJars:
         return self.directory
 
 
+@dataclass(frozen=True)
+class NewUser:
+    """A user :meth:`LocalBroker.add_user` made: its password file and its ACLs."""
+
+    name: str
+    role: Role
+    password_file: Path
+    acls: int
+
+
 class LocalBroker:
     """One local Kafka broker whose files live in ``state_dir``.
 
     ``port`` (default: ``broker.port``, 9092) ``=0`` picks free ports (what tests use);
-    otherwise the broker listens on ``port`` and its controller on ``port + 1``.
+    otherwise the broker listens on ``port``, its controller on ``port + 1`` and, when
+    ``secure``, its inter-broker TLS listener on ``port + 2``.
     """
 
     def __init__(
@@ -154,6 +186,8 @@ class LocalBroker:
         state_dir: Path | None = None,
         port: int | None = None,
         overrides: Mapping[str, str] | None = None,
+        *,
+        secure: bool = False,
     ) -> None:
         self.settings = settings
         self.cache_dir = settings.home
@@ -161,6 +195,88 @@ class LocalBroker:
         self.port = settings.broker.port if port is None else port
         self.overrides = dict(overrides or {})
         self.heap = settings.broker.heap
+        self.secure = secure
+
+    @property
+    def tls_dir(self) -> Path:
+        """The CA and the broker's certificate (``--secure``)."""
+        return self.state_dir / "tls"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA clients of the secured broker trust (made by :mod:`rlpulse.local.tls`)."""
+        return self.tls_dir / "ca.pem"
+
+    @property
+    def admin_password_file(self) -> Path:
+        """The admin user's password (``--secure``; 0600)."""
+        return self.state_dir / "secrets" / f"{ADMIN_USER}.password"
+
+    def user_password_file(self, name: str) -> Path:
+        """Where :meth:`add_user` keeps the password of user ``name`` (0600)."""
+        return self.state_dir / "secrets" / "users" / f"{name}.password"
+
+    def client_settings(self, bootstrap: str, secure: bool | None = None) -> Settings:
+        """Settings for rlpulse's own clients of this broker: the admin user when secure.
+
+        ``secure`` defaults to how this object was made.
+        """
+        if not (self.secure if secure is None else secure):
+            return self.settings.model_copy(
+                update={"bootstrap": bootstrap, "security": SecuritySettings()}
+            )
+        security = SecuritySettings(
+            protocol="SASL_SSL",
+            sasl_mechanism=SECURE_MECHANISM,
+            username=ADMIN_USER,
+            password_file=self.admin_password_file,
+            ca_file=self.ca_file,
+        )
+        return self.settings.model_copy(update={"bootstrap": bootstrap, "security": security})
+
+    def add_user(
+        self,
+        name: str,
+        role: Role,
+        *,
+        prefix: str,
+        worker_group: str,
+        extra_groups: tuple[str, ...] = (),
+        password: str | None = None,
+    ) -> NewUser:
+        """Create user ``name`` (or change its password) with exactly the ACLs of ``role``.
+
+        Without ``password``, the user's kept password is reused, else a new one is made;
+        either way it is written to :meth:`user_password_file`. Needs the broker running
+        with ``secure``.
+        """
+        if not USER_NAME.match(name) or name == ADMIN_USER:
+            raise BrokerError(
+                f"user name {name!r} is not allowed: use letters, digits, '.', '_' and '-' "
+                f"(at most 64), and not {ADMIN_USER!r}"
+            )
+        info = self.info()
+        if info is None or not info.secure:
+            raise BrokerError(
+                f"no broker started with --secure is running in {self.state_dir}; "
+                "run `rlpulse broker up --secure` first"
+            )
+        password_file = self.user_password_file(name)
+        if password is None:
+            password = (
+                password_file.read_text().strip()
+                if password_file.exists()
+                else secrets.token_urlsafe(24)
+            )
+        grants = role_grants(role, prefix, worker_group, extra_groups)
+        admin = new_admin(self.client_settings(info.bootstrap), "broker user add")
+        try:
+            set_scram_password(admin, name, password, ADMIN_TIMEOUT_S)
+            count = replace_acls(admin, name, grants, ADMIN_TIMEOUT_S)
+        except TransportError as exc:
+            raise BrokerError(str(exc)) from None
+        write_private(password_file, password.encode() + b"\n")
+        return NewUser(name, role, password_file, count)
 
     @property
     def state_file(self) -> Path:
@@ -185,11 +301,12 @@ class LocalBroker:
         """One sentence saying whether the broker is up and where."""
         info = self.info()
         if info is not None:
-            healthy = self._metadata_ok(info.bootstrap, timeout_s=5.0)
+            healthy = self._metadata_ok(info.bootstrap, timeout_s=5.0, secure=info.secure)
             state = "up" if healthy else "running but not answering metadata requests"
+            secured = f", {_secured(info)}" if info.secure else ""
             return (
                 f"Kafka {info.kafka_version} is {state} at {info.bootstrap} "
-                f"(pid {info.pid}, log {info.log_file})"
+                f"(pid {info.pid}{secured}, log {info.log_file})"
             )
         if self.state_file.exists():
             return f"Kafka is down (stale state in {self.state_dir}: its process is gone)"
@@ -199,6 +316,13 @@ class LocalBroker:
         """Start the broker, or return the running one; raise BrokerError with the reason."""
         say = progress or (lambda _msg: None)
         running = self.info()
+        if running is not None and running.secure != self.secure:
+            raise BrokerError(
+                f"the broker running in {self.state_dir} was started "
+                f"{'with' if running.secure else 'without'} --secure; stop it with "
+                "`rlpulse broker down` or use another --state-dir"
+            )
+        self._check_mode()
         if running is not None and self._metadata_ok(running.bootstrap, timeout_s=10.0):
             say(f"Reusing Kafka at {running.bootstrap} (pid {running.pid})")
             return running
@@ -216,7 +340,8 @@ class LocalBroker:
             )
         port = self.port or _free_port()
         controller_port = port + 1 if self.port else _free_port()
-        for candidate in (port, controller_port):
+        internal_port = port + 2 if self.port else _free_port()
+        for candidate in (port, controller_port, *([internal_port] if self.secure else [])):
             if _port_in_use(candidate):
                 raise BrokerError(
                     f"port {candidate} on 127.0.0.1 is already in use; stop what listens there "
@@ -224,9 +349,11 @@ class LocalBroker:
                 )
         jars = KafkaJars(self.cache_dir)
         libs = jars.resolve(say)
-        config = self._write_config(port, controller_port)
+        tls = self._ensure_tls(say) if self.secure else None
+        config = self._write_config(port, controller_port, internal_port, tls)
         self._format_storage(java, libs, config, say)
-        say(f"Starting Apache Kafka {jars.kafka_version} on 127.0.0.1:{port}")
+        secured = f" ({SECURE_MECHANISM} over TLS)" if self.secure else ""
+        say(f"Starting Apache Kafka {jars.kafka_version} on 127.0.0.1:{port}{secured}")
         process = self._launch(java, libs, config)
         info = BrokerRecord(
             pid=process.pid,
@@ -236,6 +363,8 @@ class LocalBroker:
             kafka_version=jars.kafka_version,
             log_file=str(self.log_file),
             started_ns=time.time_ns(),
+            secure=self.secure,
+            ca_file=None if tls is None else str(tls.ca_file),
         )
         info.write(self.state_dir)
         self._wait_ready(process, info)
@@ -261,12 +390,49 @@ class LocalBroker:
         self.state_file.unlink(missing_ok=True)
         return True
 
-    def _write_config(self, port: int, controller_port: int) -> Path:
+    def _check_mode(self) -> None:
+        """Refuse to start a state directory formatted the other way (secure or not)."""
+        if not (self.state_dir / "data" / "meta.properties").exists():
+            return
+        formatted_secure = self.admin_password_file.exists()
+        if formatted_secure != self.secure:
+            raise BrokerError(
+                f"the broker in {self.state_dir} was set up "
+                f"{'with' if formatted_secure else 'without'} --secure and keeps its data; "
+                f"{'add' if formatted_secure else 'leave out'} --secure, or use another "
+                "--state-dir"
+            )
+
+    def _ensure_tls(self, say: Progress) -> BrokerTls:
+        try:
+            from rlpulse.local.tls import ensure_broker_tls
+        except ImportError:
+            raise BrokerError(
+                "rlpulse broker up --secure makes its certificates with the cryptography "
+                "package: pip install 'rlpulse[streams]' (or pip install cryptography)"
+            ) from None
+        if not self.ca_file.exists():
+            say(f"Making a CA and the broker's TLS certificate in {self.tls_dir}")
+        return ensure_broker_tls(self.tls_dir)
+
+    def _write_config(
+        self, port: int, controller_port: int, internal_port: int, tls: BrokerTls | None
+    ) -> Path:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         template = Template((_kafka_files() / "server.properties").read_text())
         text = template.substitute(
             port=port, controller_port=controller_port, data_dir=self.state_dir / "data"
         )
+        if tls is not None:
+            secure = Template((_kafka_files() / "server-secure.properties").read_text())
+            text += "\n" + secure.substitute(
+                port=port,
+                controller_port=controller_port,
+                internal_port=internal_port,
+                admin_user=ADMIN_USER,
+                keystore=tls.keystore,
+                ca_file=tls.ca_file,
+            )
         if self.overrides:
             text += "\n# overrides\n" + "".join(f"{k}={v}\n" for k, v in self.overrides.items())
         config = self.state_dir / "server.properties"
@@ -292,21 +458,25 @@ class LocalBroker:
         if (self.state_dir / "data" / "meta.properties").exists():
             return
         say("Formatting KRaft storage")
-        command = self._java_command(
-            java,
-            libs,
-            "kafka.tools.StorageTool",
-            "format",
-            f"--cluster-id={_kafka_cluster_id()}",  # an id may start with "-"
-            "-c",
-            str(config),
-        )
+        arguments = [f"--cluster-id={_kafka_cluster_id()}", "-c", str(config)]  # ids may start "-"
+        if self.secure:
+            arguments += [
+                "--add-scram",
+                f"{SECURE_MECHANISM}=[name={ADMIN_USER},password={self._admin_password()}]",
+            ]
+        command = self._java_command(java, libs, "kafka.tools.StorageTool", "format", *arguments)
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise BrokerError(
                 "Kafka's StorageTool could not format the data directory:\n"
                 + (result.stdout + result.stderr).strip()
             )
+
+    def _admin_password(self) -> str:
+        """The admin user's password: made once (no commas: StorageTool splits on them)."""
+        if not self.admin_password_file.exists():
+            write_private(self.admin_password_file, secrets.token_urlsafe(24).encode() + b"\n")
+        return self.admin_password_file.read_text().strip()
 
     def _launch(self, java: str, libs: Path, config: Path) -> subprocess.Popen[bytes]:
         console = self.console_file.open("ab")
@@ -342,12 +512,16 @@ class LocalBroker:
     def _last_lines(self) -> str:
         return tail(self.log_file) or tail(self.console_file)
 
-    def _metadata_ok(self, bootstrap: str, timeout_s: float) -> bool:
+    def _metadata_ok(self, bootstrap: str, timeout_s: float, secure: bool | None = None) -> bool:
         from confluent_kafka import KafkaException
 
-        admin = new_admin(self.settings.model_copy(update={"bootstrap": bootstrap}))
+        admin = new_admin(self.client_settings(bootstrap, secure))
         try:
             metadata = admin.list_topics(timeout=timeout_s)
         except KafkaException:
             return False
         return bool(metadata.brokers)
+
+
+def _secured(info: BrokerRecord) -> str:
+    return f"secured: SASL_SSL with {SECURE_MECHANISM}, CA {info.ca_file}"

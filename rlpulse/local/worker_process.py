@@ -10,7 +10,7 @@ from pathlib import Path
 from rlpulse.local.broker import tail
 from rlpulse.local.child_process import ChildProcess
 from rlpulse.local.exceptions import WorkerProcessError
-from rlpulse.settings import load_settings
+from rlpulse.settings import Settings, load_settings
 from rlpulse.transport.clients import new_admin
 
 __all__ = ["WorkerProcess"]
@@ -30,6 +30,7 @@ class WorkerProcess(ChildProcess):
         extra_args: tuple[str, ...] = (),
         data_dir: Path | None = None,
         env: Mapping[str, str] | None = None,
+        watch_settings: Settings | None = None,
     ) -> None:
         super().__init__(log_file, env)
         self.bootstrap = bootstrap
@@ -39,6 +40,8 @@ class WorkerProcess(ChildProcess):
         self.grace_s = grace_s
         self.extra_args = extra_args
         self.data_dir = data_dir or log_file.parent / f"{prefix}-worker-data"
+        self.watch_settings = watch_settings
+        """How :meth:`wait_consuming` reaches Kafka (default: ``bootstrap``, unsecured)."""
 
     @property
     def group_id(self) -> str:
@@ -69,7 +72,8 @@ class WorkerProcess(ChildProcess):
 
     def wait_consuming(self, timeout_s: float = 60.0) -> None:
         """Block until the worker's consumer group is stable with this worker in it."""
-        admin = new_admin(load_settings({"bootstrap": self.bootstrap}), "worker watch")
+        watch = self.watch_settings or load_settings({"bootstrap": self.bootstrap})
+        admin = new_admin(watch, "worker watch")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():

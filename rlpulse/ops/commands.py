@@ -10,6 +10,7 @@ import uuid
 from rlpulse.ops.publish import publish_one
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import Action, ControlCommand, ParamValue
+from rlpulse.schemas.signing import sign
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 
@@ -52,7 +53,13 @@ def action(kind: str, **params: ParamValue) -> Action:
 
 
 def publish_command(settings: Settings, command: ControlCommand, timeout_s: float = 15.0) -> None:
-    """Write ``command`` to the control topic and wait until the broker confirms it."""
+    """Write ``command`` to the control topic and wait until the broker confirms it.
+
+    With ``security.control_signing_key`` set, the command is signed first.
+    """
+    key = settings.security.signing_key()
+    if key is not None:
+        command = sign(command, key)
     publish_one(
         settings,
         Topics(settings.prefix).control,

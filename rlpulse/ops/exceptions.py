@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlpulse.exceptions import RlpulseError
 
-__all__ = ["OpsError", "PublishError"]
+__all__ = ["OpsError", "PublishError", "RulesTooLargeError"]
 
 
 class OpsError(RlpulseError):
@@ -13,3 +13,7 @@ class OpsError(RlpulseError):
 
 class PublishError(OpsError, TimeoutError):
     """A record was not confirmed by the broker in time (or was refused)."""
+
+
+class RulesTooLargeError(OpsError, ValueError):
+    """A rules file larger than the workers accept (``worker.rules_max_bytes``)."""

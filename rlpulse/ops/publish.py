@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+
 from rlpulse.ops.exceptions import PublishError
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
-from rlpulse.transport.clients import new_producer
+from rlpulse.transport.clients import ClientDiagnostics, kafka_error_of, new_producer
 
 __all__ = ["publish_one"]
+
+_FLUSH_SLICE_S = 0.25
 
 
 def publish_one(
@@ -20,17 +26,40 @@ def publish_one(
     headers: list[tuple[str, str | bytes | None]] | None = None,
     timeout_s: float = 15.0,
 ) -> None:
-    """Produce one record to ``topic`` and wait until it is confirmed (:class:`PublishError`)."""
-    producer = new_producer(settings, client, {"enable.idempotence": True})
-    failures: list[str] = []
+    """Produce one record to ``topic`` and wait until it is confirmed (:class:`PublishError`).
 
-    def delivered(error: object, _message: object) -> None:
-        if error is not None:
-            failures.append(str(error))
+    Refused credentials or a failed TLS handshake end the wait at once, with what to check;
+    a record the broker refuses (no ACL to write ``topic``) ends it with the broker's word.
+    """
+    diagnostics = ClientDiagnostics(client, settings, logs_failure=False)
+    producer = new_producer(settings, client, {"enable.idempotence": True}, diagnostics)
+    failures: list[KafkaError] = []
 
-    producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
-    if producer.flush(timeout_s) or failures:
-        reason = failures[0] if failures else f"not confirmed within {timeout_s:.0f} s"
+    def delivered(error: KafkaError | None, _message: object) -> None:
+        if error is not None:  # read later: in a callback after a fatal error it cannot be
+            failures.append(error)
+
+    deadline = time.monotonic() + timeout_s
+    remaining = 1
+    try:
+        producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
+        while remaining and diagnostics.failure is None and time.monotonic() < deadline:
+            remaining = producer.flush(min(_FLUSH_SLICE_S, max(0.0, deadline - time.monotonic())))
+    except (KafkaException, SystemError) as exc:  # fatal: e.g. this user may write no topic
+        error = kafka_error_of(exc)
+        if error is None:
+            raise
+        raise PublishError(
+            f"could not publish to {topic} at {bootstrap_servers(settings)}: {error.str()}"
+        ) from None
+    if diagnostics.failure is not None:
+        raise PublishError(f"could not publish to {topic}: {diagnostics.failure}")
+    if remaining or failures:
+        reason = (
+            f"{failures[0].str()} ({failures[0].name()})"
+            if failures
+            else f"not confirmed within {timeout_s:.0f} s"
+        )
         raise PublishError(
             f"could not publish to {topic} at {bootstrap_servers(settings)}: {reason}"
         )

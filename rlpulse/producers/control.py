@@ -1,4 +1,11 @@
-"""The trainer's side of the control loop: read this run's commands, acknowledge them."""
+"""The trainer's side of the control loop: read this run's commands, acknowledge them.
+
+Before a command reaches the training loop the client checks it: with a signing key
+configured (``security.control_signing_key``), that it carries a valid signature and is
+not older than the lookback (:mod:`rlpulse.schemas.signing`); always, that its contents are
+sound (:mod:`rlpulse.producers.screening`). A command that fails is acked ``rejected`` with
+the reason and never returned.
+"""
 
 from __future__ import annotations
 
@@ -22,16 +29,24 @@ from rlpulse.producers.arguments import (
     string_map,
 )
 from rlpulse.producers.exceptions import InvalidValueError, ProducerClosedError
+from rlpulse.producers.screening import command_problem
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.records import AckStatus, CommandAck, ControlCommand
+from rlpulse.schemas.signing import signature_problem
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
-from rlpulse.transport.clients import new_consumer, new_producer
+from rlpulse.transport.clients import kafka_error_of, new_consumer, new_producer
+from rlpulse.transport.roles import control_group_prefix
 
 log = logging.getLogger(__name__)
 
 ACK_STATUSES: tuple[str, ...] = get_args(AckStatus)
+SIGNATURE_CHECK = "signature"
+"""``detail["check"]`` of a command refused for its signature. Its id is not remembered as
+handled (the id of a forged command is the forger's choice)."""
+CONTENTS_CHECK = "contents"
+"""``detail["check"]`` of a command refused for its contents."""
 _BATCH = 500
 _MAX_BATCHES_PER_POLL = 20
 _FIRST_RETRY_S = 0.5
@@ -52,6 +67,11 @@ class ControlClient:
     start-up has completed, ``poll()`` returns nothing — after waiting at most its
     ``timeout_s``, so a missing broker never stalls the training loop — and a
     restarted trainer never gets a command that was acked.
+
+    With a signing key in ``settings.security``, a command that is unsigned, wrongly signed
+    or issued before the lookback is acked ``rejected`` and not returned; so is any command
+    whose contents fail :func:`~rlpulse.producers.screening.command_problem`. Construction
+    reads the key (a :class:`~rlpulse.exceptions.SettingsError` if its file is unusable).
 
     Not thread-safe: call it from the training loop's thread (in SPMD jobs, rank 0).
     """
@@ -89,6 +109,7 @@ class ControlClient:
         self._acked: set[str] = set()
         self._dry_run_ids: set[str] = set()
         self._warn = WarnOnce(log)
+        self._signing_key = self.settings.security.signing_key()
 
     @property
     def started(self) -> bool:
@@ -150,24 +171,11 @@ class ControlClient:
             "detail": string_map("detail", detail),
             "acked_ns": time.time_ns(),
         }
-        value = self._codec.encode("CommandAck", record)
         self._acked.add(record["command_id"])
-        if self._producer is None:
-            self._producer = new_producer(
-                self.settings, f"control client of run {self.run_id}", {"enable.idempotence": True}
-            )
-        reports: list[KafkaError | None] = []
-        try:
-            self._producer.produce(
-                self._acks_topic,
-                key=self._key,
-                value=value,
-                on_delivery=lambda error, _msg: reports.append(error),
-            )
-        except (BufferError, KafkaException) as exc:
-            log.warning("run %s: ack of %s not queued: %s", self.run_id, record["command_id"], exc)
+        reports = self._send_ack(record)
+        if reports is None:
             return False
-        self._producer.flush(self.ack_timeout_s)
+        self._serve_acks(self.ack_timeout_s)
         if not reports:
             log.warning(
                 "run %s: ack of %s not confirmed within %.1f s; still queued until close()",
@@ -183,6 +191,69 @@ class ControlClient:
             return False
         return True
 
+    def _send_ack(self, record: CommandAck) -> list[KafkaError | None] | None:
+        """Queue ``record``; the list receives its delivery report. None if it was not queued."""
+        value = self._codec.encode("CommandAck", record)
+        if self._producer is None:
+            self._producer = new_producer(
+                self.settings, f"control client of run {self.run_id}", {"enable.idempotence": True}
+            )
+        reports: list[KafkaError | None] = []
+        try:
+            self._producer.produce(
+                self._acks_topic,
+                key=self._key,
+                value=value,
+                on_delivery=lambda error, _msg: reports.append(error),
+            )
+        except (BufferError, KafkaException) as exc:
+            log.warning("run %s: ack of %s not queued: %s", self.run_id, record["command_id"], exc)
+            return None
+        return reports
+
+    def _reject(self, command: ControlCommand, reason: str, check: str) -> None:
+        """Ack ``command`` ``rejected`` without waiting (``close()`` flushes); log why."""
+        log.warning(
+            "run %s: refused command %s (%s, %s): %s",
+            self.run_id,
+            command["command_id"],
+            command["origin"],
+            command["rule_id"] or "no rule",
+            reason,
+        )
+        if check != SIGNATURE_CHECK:
+            self._acked.add(command["command_id"])
+        record: CommandAck = {
+            "command_id": command["command_id"],
+            "run_id": self.run_id,
+            "attempt": command["attempt"],
+            "status": "rejected",
+            "applied_at_step": None,
+            "detail": {"reason": reason, "check": check},
+            "acked_ns": time.time_ns(),
+        }
+        if self._send_ack(record) is not None:
+            self._serve_acks(0.0)
+
+    def _serve_acks(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the queued acks; return how many are still queued.
+
+        A fatal producer error (a user without the ACL to write acks) is logged, not raised.
+        """
+        if self._producer is None:
+            return 0
+        try:
+            if timeout_s <= 0:
+                self._producer.poll(0)
+                return len(self._producer)
+            return int(self._producer.flush(timeout_s))
+        except (KafkaException, SystemError) as exc:
+            error = kafka_error_of(exc)
+            if error is None:
+                raise
+            self._warn("ack-fatal", "run %s: acks cannot be written: %s", self.run_id, error.str())
+            return len(self._producer)
+
     def close(self) -> None:
         """Stop reading and give queued acks up to ``ack_timeout_s`` to be delivered."""
         if self._closed:
@@ -190,7 +261,7 @@ class ControlClient:
         self._closed = True
         self._stopping.set()
         if self._producer is not None:
-            remaining = int(self._producer.flush(self.ack_timeout_s))
+            remaining = self._serve_acks(self.ack_timeout_s)
             if remaining:
                 log.warning("run %s: %d ack(s) lost at close()", self.run_id, remaining)
             self._producer = None
@@ -256,7 +327,7 @@ class ControlClient:
         if self._consumer is None:
             self._consumer = new_consumer(
                 self.settings,
-                f"rlpulse-control-{uuid.uuid4().hex}",
+                control_group_prefix(self.settings.prefix) + uuid.uuid4().hex,
                 f"control client of run {self.run_id}",
                 {"enable.partition.eof": True},
             )
@@ -343,7 +414,8 @@ class ControlClient:
         except DecodeError as exc:
             log.warning("%s: skipping undecodable ack: %s", _where(msg), exc)
             return
-        if ack["run_id"] == self.run_id:
+        forged = ack["status"] == "rejected" and ack["detail"].get("check") == SIGNATURE_CHECK
+        if ack["run_id"] == self.run_id and not forged:
             self._acked.add(ack["command_id"])
 
     # -- commands ---------------------------------------------------------------------
@@ -393,6 +465,13 @@ class ControlClient:
         if command["attempt"] != self.attempt:
             log.debug("skipping command %s for attempt %d", command_id, command["attempt"])
             return None
+        if command_id in self._returned or command_id in self._acked:
+            log.debug("skipping duplicate command %s", command_id)
+            return None
+        refusal = self._signature_refusal(command)
+        if refusal is not None:
+            self._reject(command, refusal, SIGNATURE_CHECK)
+            return None
         if command["dry_run"]:
             if command_id not in self._dry_run_ids:
                 self._dry_run_ids.add(command_id)
@@ -404,11 +483,28 @@ class ControlClient:
                     command["reason"],
                 )
             return None
-        if command_id in self._returned or command_id in self._acked:
-            log.debug("skipping duplicate command %s", command_id)
+        problem = command_problem(command, self.settings.commands)
+        if problem is not None:
+            self._reject(command, f"refused: {problem}", CONTENTS_CHECK)
             return None
         self._returned.add(command_id)
         return command
+
+    def _signature_refusal(self, command: ControlCommand) -> str | None:
+        """Why a signing trainer refuses ``command``; None without a key or when it is sound."""
+        if self._signing_key is None:
+            return None
+        problem = signature_problem(command, self._signing_key, self._codec)
+        if problem is not None:
+            return f"refused: {problem}"
+        lookback_s = self.settings.producer.control_lookback_s
+        age_s = (time.time_ns() - command["issued_ns"]) / 1e9
+        if age_s > lookback_s:
+            return (
+                f"refused: it was issued {age_s:.0f} s ago, before the lookback "
+                f"(producer.control_lookback_s = {lookback_s:.0f}); a replay?"
+            )
+        return None
 
 
 @dataclass

@@ -100,6 +100,7 @@ class ControlCommand(TypedDict):
     reason: str
     evidence: dict[str, float]
     issued_ns: int
+    signature: NotRequired[bytes | None]  # v2; None when unsigned (rlpulse.schemas.signing)
 
 
 class CommandAck(TypedDict):

@@ -17,6 +17,9 @@ whenever an agent's buffer is full, so a second agent starved behind a backlog o
 (its partitions stalled for seconds while the joiner caught up) and commands came late
 exactly when a run was busiest. Rule state lives in a table partitioned like the events.
 
+With ``security.control_signing_key`` set, every command is signed before it is sent
+(:mod:`rlpulse.schemas.signing`), so that trainers holding the key accept it.
+
 Input that cannot be used -- bytes that do not decode, events the joiner refuses, events
 beyond the size limits, even an event or a summary that trips a bug -- goes to
 ``<prefix>.dlq`` with its key and bytes, a reason header and a source header, and is
@@ -64,6 +67,7 @@ from prometheus_client import CollectorRegistry
 
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError
+from rlpulse.schemas.signing import sign
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.schemas.validation import size_problem
 from rlpulse.settings import Settings
@@ -154,9 +158,12 @@ class WorkerApp:
     ) -> None:
         self.settings = settings
         self.codec = codec or default_codec()
+        self.signing_key = settings.security.signing_key()
+        """The key the commands this worker issues are signed with (None: unsigned)."""
         self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
         self.book = book
         book.on_outcome = lambda outcome: self.metrics.rules_updates.labels(outcome).inc()
+        book.on_refusal = lambda reason: self.metrics.rules_refused.labels(reason).inc()
         self.app = faust_app(settings)
         self.outbox = Outbox(self.app)
         state_codec = register_state_codec()
@@ -380,11 +387,13 @@ class WorkerApp:
             log.error("rule engine failed on %s: %s", summary["summary_id"], item.error)
             reason = f"error: {item.error}"
             deliveries.append(await self._send_dead_letter(key, encoded, reason, _source(source)))
+        signing_key = self.signing_key
         for command in item.commands:
             self.metrics.commands.labels(command["rule_id"] or "", str(command["dry_run"])).inc()
+            signed = command if signing_key is None else sign(command, signing_key, self.codec)
             deliveries.append(
                 await self.outbox.send(
-                    self.topics.control, key, self.codec.encode("ControlCommand", command)
+                    self.topics.control, key, self.codec.encode("ControlCommand", signed)
                 )
             )
         return deliveries

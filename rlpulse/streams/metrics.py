@@ -43,6 +43,12 @@ class WorkerMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.rules_refused = Counter(
+            "rlpulse_rules_refused_total",
+            "Rules texts refused, by reason (invalid, too_large, not_utf8, unreadable).",
+            ["reason"],
+            registry=registry,
+        )
         self.ticks_deferred = Counter(
             "rlpulse_grace_ticks_deferred_total",
             "Grace timer ticks skipped because the worker was behind on that partition's events.",

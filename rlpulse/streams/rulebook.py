@@ -4,8 +4,9 @@ A :class:`RuleBook` holds the current :class:`~rlpulse.rules.evaluator.RuleEngin
 and swaps it in one assignment when a new, valid rules text arrives. The engine
 keeps every rule's state under that rule's version, so a swap keeps the windows,
 counts and cooldowns of the rules whose definition did not change and starts the
-changed ones afresh. An invalid text is refused: the running rules stay, the
-refusal is logged with every problem, and counted.
+changed ones afresh. A text that is not valid UTF-8, larger than
+``worker.rules_max_bytes`` or not a valid rules file is refused: the running rules stay,
+the refusal is logged with every problem, and counted by its reason (:data:`REFUSALS`).
 
 New texts come from the compacted rules topic (:class:`RulesTopicFollower`, the way
 every worker of a deployment gets the same rules) or, for a single local worker
@@ -39,8 +40,16 @@ from rlpulse.settings import Settings
 from rlpulse.transport.clients import new_consumer
 from rlpulse.transport.exceptions import TransportError
 from rlpulse.transport.readiness import Deadline, retry_until
+from rlpulse.transport.roles import rules_group_prefix
 
-__all__ = ["RULES_FROM_TOPIC", "RuleBook", "RulesFileWatcher", "RulesTopicFollower", "rule_book"]
+__all__ = [
+    "REFUSALS",
+    "RULES_FROM_TOPIC",
+    "RuleBook",
+    "RulesFileWatcher",
+    "RulesTopicFollower",
+    "rule_book",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,25 +58,60 @@ RULES_FROM_TOPIC = "topic"
 
 Counter = Callable[[str], None]
 
+INVALID, TOO_LARGE, NOT_UTF8, UNREADABLE = "invalid", "too_large", "not_utf8", "unreadable"
+REFUSALS = (INVALID, TOO_LARGE, NOT_UTF8, UNREADABLE)
+"""Why a rules text is refused: it does not validate, is too large, is not UTF-8 text, or
+(a rules file) cannot be read."""
+
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 class RuleBook:
-    """The current rule engine of a worker; replaced atomically by :meth:`offer`."""
+    """The current rule engine of a worker; replaced atomically by :meth:`offer`.
 
-    def __init__(self, ruleset: RuleSet, origin: str, on_outcome: Counter | None = None) -> None:
+    ``on_outcome`` is told ``loaded`` or ``refused`` for every text offered, ``on_refusal``
+    the reason of each refusal (one of :data:`REFUSALS`).
+    """
+
+    def __init__(
+        self,
+        ruleset: RuleSet,
+        origin: str,
+        on_outcome: Counter | None = None,
+        *,
+        max_bytes: int | None = None,
+        on_refusal: Counter | None = None,
+    ) -> None:
         self._engine = RuleEngine(ruleset)
         self.origin = origin
+        self.max_bytes = max_bytes
         self._digest: str | None = None
         self.on_outcome: Counter = on_outcome or (lambda _outcome: None)
+        self.on_refusal: Counter = on_refusal or (lambda _reason: None)
         self._lock = threading.Lock()
 
     @property
     def engine(self) -> RuleEngine:
         """The engine to evaluate the next summary with."""
         return self._engine
+
+    def offer_bytes(self, data: bytes, origin: str) -> bool:
+        """:meth:`offer` the UTF-8 text ``data``, refusing it if it is too large or not UTF-8."""
+        if self.max_bytes is not None and len(data) > self.max_bytes:
+            self.refuse(
+                origin,
+                f"{len(data)} bytes or more, larger than worker.rules_max_bytes ({self.max_bytes})",
+                TOO_LARGE,
+            )
+            return False
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.refuse(origin, f"not UTF-8 text: {exc}", NOT_UTF8)
+            return False
+        return self.offer(text, origin)
 
     def offer(self, text: str, origin: str) -> bool:
         """Validate ``text`` and, if it is valid and new, make it the current rule set.
@@ -77,6 +121,11 @@ class RuleBook:
         digest = _digest(text)
         with self._lock:
             if digest == self._digest:
+                return False
+            if self.max_bytes is not None and len(text.encode()) > self.max_bytes:
+                self.refuse(
+                    origin, f"larger than worker.rules_max_bytes ({self.max_bytes})", TOO_LARGE
+                )
                 return False
             try:
                 ruleset = parse_rules(text, origin)
@@ -96,10 +145,11 @@ class RuleBook:
         self.on_outcome("loaded")
         return True
 
-    def refuse(self, origin: str, reason: str) -> None:
-        """Log and count a rules text that could not be used; the current rules stay."""
-        log.error("refused rules from %s; keeping %s:\n%s", origin, self.origin, reason)
+    def refuse(self, origin: str, reason: str, kind: str = INVALID) -> None:
+        """Log and count (as ``kind``) a rules text that could not be used; the rules stay."""
+        log.error("refused rules from %s (%s); keeping %s:\n%s", origin, kind, self.origin, reason)
         self.on_outcome("refused")
+        self.on_refusal(kind)
 
 
 class RulesFileWatcher:
@@ -140,12 +190,14 @@ class RulesFileWatcher:
             if stamp is None or (stamp == self._seen and not forced):
                 continue
             self._seen = stamp
+            limit = self.book.max_bytes
             try:
-                text = self.path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                self.book.refuse(str(self.path), f"cannot read it: {exc}")
+                with self.path.open("rb") as file:
+                    data = file.read() if limit is None else file.read(limit + 1)
+            except OSError as exc:
+                self.book.refuse(str(self.path), f"cannot read it: {exc}", UNREADABLE)
                 continue
-            self.book.offer(text, str(self.path))
+            self.book.offer_bytes(data, str(self.path))
 
 
 class RulesTopicFollower:
@@ -159,7 +211,7 @@ class RulesTopicFollower:
         self.book = book
         self.topic = Topics(settings.prefix).rules
         self._consumer = new_consumer(
-            settings, f"rlpulse-rules-{uuid.uuid4().hex}", "rules topic follower"
+            settings, rules_group_prefix(settings.prefix) + uuid.uuid4().hex, "rules topic follower"
         )
         self._stop = threading.Event()
         self._caught_up = threading.Event()
@@ -193,12 +245,7 @@ class RulesTopicFollower:
     def _take(self, key: bytes | None, value: bytes | None, origin: str) -> None:
         if key != RULES_KEY or value is None:
             return
-        try:
-            text = value.decode("utf-8")
-        except UnicodeDecodeError:
-            self.book.refuse(origin, "not UTF-8 text")
-            return
-        self.book.offer(text, origin)
+        self.book.offer_bytes(value, origin)
 
     def wait_caught_up(self, timeout_s: float) -> bool:
         """Block until what the topic held at start has been read (or ``timeout_s`` passed)."""
@@ -231,8 +278,11 @@ def rule_book(settings: Settings) -> tuple[RuleBook, Callable[[Deadline], None]]
     :class:`~rlpulse.rules.exceptions.RulesError` for a file or preset that does not load.
     """
     source = settings.worker.rules
+    limit = settings.worker.rules_max_bytes
     if source == RULES_FROM_TOPIC:
-        book = RuleBook(load_preset("seed"), "<preset seed, until rules are published>")
+        book = RuleBook(
+            load_preset("seed"), "<preset seed, until rules are published>", max_bytes=limit
+        )
         follower = RulesTopicFollower(book, settings)
 
         def follow_topic(deadline: Deadline) -> None:
@@ -243,7 +293,7 @@ def rule_book(settings: Settings) -> tuple[RuleBook, Callable[[Deadline], None]]
                 )
 
         return book, follow_topic
-    book = RuleBook(load_rules_source(source), source)
+    book = RuleBook(load_rules_source(source), source, max_bytes=limit)
     path = Path(source)
     if not path.exists():
         return book, lambda _deadline: None

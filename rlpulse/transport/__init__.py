@@ -9,6 +9,7 @@ from rlpulse.transport.clients import new_admin, new_consumer, new_producer, tra
 from rlpulse.transport.exceptions import (
     BrokerUnavailableError,
     ClientConfigError,
+    SecurityFailureError,
     TopicError,
     TransportError,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "BrokerUnavailableError",
     "ClientConfigError",
     "Deadline",
+    "SecurityFailureError",
     "TopicError",
     "TransportError",
     "bootstrap_servers",

@@ -8,12 +8,22 @@ librdkafka log lines and errors go to ``logging`` once per kind of trouble (a br
 is down makes librdkafka repeat itself every few hundred milliseconds). Creating a client
 starts librdkafka's threads, so callers create them lazily; none of these functions does
 network I/O itself.
+
+Security comes from the ``security`` settings, for every client alike: the SASL mechanism
+and credentials, the CA that signs the brokers' certificates, a client certificate for
+mutual TLS. Failures that retrying cannot fix -- refused credentials, a certificate that
+does not verify -- are told apart from a broker that is merely down (:func:`security_failure`):
+librdkafka itself retries them forever, so each client logs them once as an error with a
+sentence that says what to check, and start-up waits give up on them at once.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -21,34 +31,99 @@ from confluent_kafka.admin import AdminClient
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.settings import Settings
-from rlpulse.transport.bootstrap import bootstrap_servers
+from rlpulse.transport.bootstrap import BrokerRecord, bootstrap_servers, local_broker_dir
 from rlpulse.transport.exceptions import ClientConfigError
 
 __all__ = [
     "QUEUE_MAX_MESSAGES",
+    "ClientDiagnostics",
+    "ca_file",
     "client_hooks",
     "client_properties",
     "faust_broker_options",
+    "kafka_error_of",
     "new_admin",
     "new_consumer",
     "new_producer",
+    "security_failure",
+    "ssl_context",
     "trainer_producer",
 ]
 
 QUEUE_MAX_MESSAGES = 1_000_000
 _LOG = logging.getLogger("rlpulse.librdkafka")
+_BROKER_HEAD = re.compile(r"^[a-z_]+://\S+: ")
 
 
-class _ClientDiagnostics:
+def security_failure(error: KafkaError, settings: Settings) -> str | None:
+    """One sentence for an error that retrying cannot fix, else None.
+
+    Those are refused credentials (``_AUTHENTICATION``, ``SASL_AUTHENTICATION_FAILED``) and
+    a TLS handshake that failed (``_SSL``: an untrusted certificate, a wrong host name).
+    """
+    code = error.code()
+    where = f"Kafka at {bootstrap_servers(settings)}"
+    security = settings.security
+    if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+        who = f"user {security.username!r}" if security.username else "this client"
+        return (
+            f"{where} refused the credentials of {who} ({security.protocol}, "
+            f"{security.sasl_mechanism}): {_librdkafka_reason(error)}; check "
+            "security.username, the password and security.sasl_mechanism"
+        )
+    if code == KafkaError._SSL:
+        return (
+            f"the TLS handshake with {where} failed: {_librdkafka_reason(error)}; check "
+            "security.ca_file (the CA that signed the brokers' certificates) and "
+            "security.verify_hostname"
+        )
+    return None
+
+
+def kafka_error_of(exc: BaseException) -> KafkaError | None:
+    """The ``KafkaError`` behind ``exc``, or None.
+
+    A ``KafkaException`` carries it; so does the ``SystemError`` confluent-kafka raises from
+    ``poll``/``flush`` when a delivery callback runs after a fatal error was raised there
+    (an idempotent producer of a user who may write no topic at all): it is the cause.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
+            return seen.args[0]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _librdkafka_reason(error: KafkaError) -> str:
+    """The error's text without librdkafka's broker head and timing tail.
+
+    The head is ``sasl_ssl://host:port/bootstrap: ``, the tail ``(after 301ms in state ...)``.
+    """
+    text = _BROKER_HEAD.sub("", error.str())
+    cut = text.rfind(" (after ")
+    return text[:cut] if cut > 0 else text
+
+
+class ClientDiagnostics:
     """Routes one client's librdkafka logs and errors to ``logging`` without flooding it.
 
     Each error code is logged once at WARNING (fatal ones at ERROR), repeats and log
-    lines at DEBUG.
+    lines at DEBUG. A :func:`security_failure` is kept in :attr:`failure`, where callers
+    that wait for the client look for it, and logged once at ERROR as its sentence -- unless
+    ``logs_failure`` is false because the caller raises it itself; the errors that follow
+    from it (all brokers down) are then only logged at DEBUG.
     """
 
-    def __init__(self, client: str) -> None:
+    def __init__(
+        self, client: str, settings: Settings | None = None, *, logs_failure: bool = True
+    ) -> None:
         self._client = client
+        self._settings = settings
+        self._logs_failure = logs_failure
         self._warn = WarnOnce(_LOG)
+        self.failure: str | None = None
+        """The first security failure this client met, as a sentence."""
 
     def log(self, level: int, fmt: str, *args: object) -> None:
         """Receive a librdkafka log line (the ``logger`` property calls this)."""
@@ -56,42 +131,98 @@ class _ClientDiagnostics:
 
     def error_cb(self, error: KafkaError) -> None:
         """Receive a librdkafka client error (the ``error_cb`` property calls this)."""
+        sentence = None if self._settings is None else security_failure(error, self._settings)
         fmt = "%s: Kafka error %s: %s"
-        if error.fatal():
+        if sentence is not None:
+            if self.failure is None:
+                self.failure = sentence
+                level = logging.ERROR if self._logs_failure else logging.DEBUG
+                _LOG.log(level, "%s: %s", self._client, sentence)
+            return
+        if self.failure is not None and not self._logs_failure:
+            _LOG.debug(fmt, self._client, error.name(), error.str())
+        elif error.fatal():
             _LOG.error(fmt, self._client, error.name(), error.str())
         else:
             self._warn(str(error.code()), fmt, self._client, error.name(), error.str())
 
 
-def client_hooks(client: str) -> dict[str, Any]:
+def client_hooks(client: str, diagnostics: ClientDiagnostics | None = None) -> dict[str, Any]:
     """The ``logger`` and ``error_cb`` properties for one client named ``client``."""
-    diagnostics = _ClientDiagnostics(client)
+    diagnostics = diagnostics or ClientDiagnostics(client)
     return {"logger": diagnostics, "error_cb": diagnostics.error_cb}
+
+
+def ca_file(settings: Settings) -> Path | None:
+    """The CA file TLS clients verify brokers with.
+
+    ``security.ca_file``; unset, and with ``bootstrap`` unset too, the CA of the secured
+    local broker ``rlpulse broker up --secure`` started; else None (the system's CAs).
+    """
+    security = settings.security
+    if security.ca_file is not None or settings.bootstrap:
+        return security.ca_file
+    record = BrokerRecord.read(local_broker_dir(settings))
+    if record is not None and record.secure and record.ca_file:
+        return Path(record.ca_file)
+    return None
 
 
 def client_properties(settings: Settings) -> dict[str, Any]:
     """The librdkafka properties every client shares: where Kafka is, and how to reach it."""
-    return {"bootstrap.servers": bootstrap_servers(settings)}
+    properties: dict[str, Any] = {"bootstrap.servers": bootstrap_servers(settings)}
+    security = settings.security
+    if security.protocol == "PLAINTEXT":
+        return properties
+    properties["security.protocol"] = security.protocol
+    if security.uses_sasl:
+        properties["sasl.mechanism"] = security.sasl_mechanism
+        properties["sasl.username"] = security.username
+        properties["sasl.password"] = security.sasl_password()
+    if security.uses_tls:
+        ca = ca_file(settings)
+        if ca is not None:
+            properties["ssl.ca.location"] = str(ca)
+        if security.cert_file is not None and security.key_file is not None:
+            properties["ssl.certificate.location"] = str(security.cert_file)
+            properties["ssl.key.location"] = str(security.key_file)
+        properties["ssl.endpoint.identification.algorithm"] = (
+            "https" if security.verify_hostname else "none"
+        )
+    return properties
 
 
-def _build(kind: type[Any], properties: Mapping[str, Any], client: str) -> Any:
+def _build(
+    kind: type[Any],
+    properties: Mapping[str, Any],
+    client: str,
+    settings: Settings,
+    diagnostics: ClientDiagnostics | None,
+) -> Any:
+    hooks = client_hooks(client, diagnostics or ClientDiagnostics(client, settings))
     try:
-        return kind({**properties, **client_hooks(client)})
+        return kind({**properties, **hooks})
     except (KafkaException, ValueError, TypeError) as exc:
         raise ClientConfigError(f"{client}: librdkafka refused the settings: {exc}") from exc
 
 
 def new_producer(
-    settings: Settings, client: str, overrides: Mapping[str, Any] | None = None
+    settings: Settings,
+    client: str,
+    overrides: Mapping[str, Any] | None = None,
+    diagnostics: ClientDiagnostics | None = None,
 ) -> Producer:
-    """A confluent ``Producer`` (``acks=all``); ``settings.librdkafka`` is merged last."""
+    """A confluent ``Producer`` (``acks=all``); ``settings.librdkafka`` is merged last.
+
+    ``diagnostics`` (default: a new one) receives the client's errors.
+    """
     properties = {
         **client_properties(settings),
         "acks": "all",
         **(overrides or {}),
         **settings.librdkafka,
     }
-    producer: Producer = _build(Producer, properties, client)
+    producer: Producer = _build(Producer, properties, client, settings, diagnostics)
     return producer
 
 
@@ -117,9 +248,16 @@ def trainer_producer(settings: Settings, client: str) -> Producer:
 
 
 def new_consumer(
-    settings: Settings, group_id: str, client: str, overrides: Mapping[str, Any] | None = None
+    settings: Settings,
+    group_id: str,
+    client: str,
+    overrides: Mapping[str, Any] | None = None,
+    diagnostics: ClientDiagnostics | None = None,
 ) -> Consumer:
-    """A confluent ``Consumer`` that never commits unless ``overrides`` say so."""
+    """A confluent ``Consumer`` that never commits unless ``overrides`` say so.
+
+    ``diagnostics`` (default: a new one) receives the client's errors.
+    """
     properties = {
         **client_properties(settings),
         "group.id": group_id,
@@ -129,18 +267,63 @@ def new_consumer(
         **(overrides or {}),
         **settings.librdkafka,
     }
-    consumer: Consumer = _build(Consumer, properties, client)
+    consumer: Consumer = _build(Consumer, properties, client, settings, diagnostics)
     return consumer
 
 
-def new_admin(settings: Settings, client: str = "admin") -> AdminClient:
-    """A confluent ``AdminClient``."""
+def new_admin(
+    settings: Settings, client: str = "admin", diagnostics: ClientDiagnostics | None = None
+) -> AdminClient:
+    """A confluent ``AdminClient``; ``diagnostics`` (default: a new one) receives its errors.
+
+    An admin client reports its errors only while something calls its ``poll()``.
+    """
     admin: AdminClient = _build(
-        AdminClient, {**client_properties(settings), **settings.librdkafka}, client
-    )
+        AdminClient, {**client_properties(settings), **settings.librdkafka}, client, settings,
+        diagnostics,
+    )  # fmt: skip
     return admin
 
 
+def ssl_context(settings: Settings) -> ssl.SSLContext:
+    """The TLS context of aiokafka clients: the brokers' CA, and the client certificate if set."""
+    security = settings.security
+    ca = ca_file(settings)
+    try:
+        context = ssl.create_default_context(
+            ssl.Purpose.SERVER_AUTH, cafile=None if ca is None else str(ca)
+        )
+        if security.cert_file is not None and security.key_file is not None:
+            context.load_cert_chain(str(security.cert_file), str(security.key_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ClientConfigError(f"cannot load the TLS files of the security settings: {exc}") from (
+            exc
+        )
+    context.check_hostname = security.verify_hostname
+    return context
+
+
 def faust_broker_options(settings: Settings) -> dict[str, Any]:
-    """The connection options of the worker's ``faust.App`` (aiokafka underneath)."""
-    return {"broker": f"kafka://{bootstrap_servers(settings)}"}
+    """The connection options of the worker's ``faust.App`` (aiokafka underneath).
+
+    ``broker_credentials`` carries the same security as :func:`client_properties`: faust's
+    ``SASLCredentials`` (SASL_SSL when it has a TLS context, SASL_PLAINTEXT without) or
+    ``SSLCredentials``.
+    """
+    options: dict[str, Any] = {"broker": f"kafka://{bootstrap_servers(settings)}"}
+    security = settings.security
+    if security.protocol == "PLAINTEXT":
+        return options
+    from faust.auth import SASLCredentials, SSLCredentials
+
+    context = ssl_context(settings) if security.uses_tls else None
+    if security.uses_sasl:
+        options["broker_credentials"] = SASLCredentials(
+            username=security.username,
+            password=security.sasl_password(),
+            mechanism=security.sasl_mechanism,
+            ssl_context=context,
+        )
+    else:
+        options["broker_credentials"] = SSLCredentials(context)
+    return options

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from rlpulse.exceptions import RlpulseError
 
-__all__ = ["BrokerUnavailableError", "ClientConfigError", "TopicError", "TransportError"]
+__all__ = [
+    "BrokerUnavailableError",
+    "ClientConfigError",
+    "SecurityFailureError",
+    "TopicError",
+    "TransportError",
+]
 
 
 class TransportError(RlpulseError):
@@ -21,3 +27,7 @@ class BrokerUnavailableError(TransportError, TimeoutError):
 
 class TopicError(TransportError):
     """A topic could not be created, or exists with the wrong shape."""
+
+
+class SecurityFailureError(TransportError, PermissionError):
+    """Kafka refused the credentials, or TLS could not verify the broker: retrying cannot help."""

@@ -3,7 +3,10 @@
 A long-running command (worker, exporter, archiver) started right after ``rlpulse broker
 up``, or while a cluster restarts, must neither crash nor hang without a word: it says once
 what it waits for, retries with a growing pause, and gives up at a deadline with one
-sentence (:class:`~rlpulse.transport.exceptions.BrokerUnavailableError`).
+sentence (:class:`~rlpulse.transport.exceptions.BrokerUnavailableError`). Refused
+credentials or a TLS handshake that fails are not waited out: they end the wait at once,
+as one sentence saying what to check
+(:class:`~rlpulse.transport.exceptions.SecurityFailureError`).
 """
 
 from __future__ import annotations
@@ -16,8 +19,12 @@ from confluent_kafka import KafkaException
 
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
-from rlpulse.transport.clients import new_admin
-from rlpulse.transport.exceptions import BrokerUnavailableError, TransportError
+from rlpulse.transport.clients import ClientDiagnostics, new_admin
+from rlpulse.transport.exceptions import (
+    BrokerUnavailableError,
+    SecurityFailureError,
+    TransportError,
+)
 
 __all__ = ["Deadline", "retry_until", "wait_for_kafka"]
 
@@ -53,13 +60,16 @@ def retry_until(
     """Call ``attempt`` until it returns; on ``retry_on`` errors wait (growing pause) and retry.
 
     ``what`` completes "waiting for ...". The first failure is announced through ``say``;
-    past the deadline the last error is raised as :class:`BrokerUnavailableError`.
+    past the deadline the last error is raised as :class:`BrokerUnavailableError`. A
+    :class:`SecurityFailureError` is never retried.
     """
     pause = FIRST_PAUSE_S
     announced = False
     while True:
         try:
             return attempt()
+        except SecurityFailureError:
+            raise
         except retry_on as exc:
             if deadline.passed():
                 raise BrokerUnavailableError(
@@ -79,15 +89,23 @@ def wait_for_kafka(settings: Settings, deadline: Deadline, say: Say | None = Non
     """Block until the cluster of ``settings`` answers a metadata request with its brokers.
 
     Returns the bootstrap address. Raises :class:`BrokerUnavailableError` at the deadline,
-    with a hint at ``rlpulse broker up`` when nothing listens there.
+    with a hint at ``rlpulse broker up`` when nothing listens there, and
+    :class:`SecurityFailureError` as soon as Kafka refuses the credentials or TLS fails.
     """
     bootstrap = bootstrap_servers(settings)
-    admin = new_admin(settings, "start-up check")
+    diagnostics = ClientDiagnostics("start-up check", settings, logs_failure=False)
+    admin = new_admin(settings, "start-up check", diagnostics)
+
+    def refused() -> None:
+        admin.poll(0)  # an admin client hands its errors to error_cb only here
+        if diagnostics.failure is not None:
+            raise SecurityFailureError(diagnostics.failure)
 
     def answered() -> None:
         try:
-            metadata = admin.list_topics(timeout=max(0.5, min(5.0, deadline.left())))
+            metadata = admin.list_topics(timeout=max(0.5, min(1.0, deadline.left())))
         except KafkaException as exc:
+            refused()
             raise TransportError(f"no answer from {bootstrap}") from exc
         if not metadata.brokers:
             raise TransportError(f"{bootstrap} answered without any broker")

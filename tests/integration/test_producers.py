@@ -47,6 +47,7 @@ def command(
         "reason": "variance of reward_mean over 5 steps is 0.61 > 0.5",
         "evidence": {"reward_mean_var": 0.61},
         "issued_ns": time.time_ns(),
+        "signature": None,
     }
 
 

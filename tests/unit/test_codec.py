@@ -94,6 +94,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "reason": "kl_divergence 0.41 > 0.3 for 3 consecutive steps",
         "evidence": {"value": 0.41},
         "issued_ns": 5,
+        "signature": b"\x01" * 32,
     },
     "CommandAck": {
         "command_id": "c-1",
