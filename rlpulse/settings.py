@@ -450,6 +450,7 @@ class ArchiveSettings(_Section):
         default=120.0, gt=0, description="How long start-up waits for Kafka."
     )
 
+
 class CommandLimits(_Section):
     """What a trainer accepts in a ControlCommand; a command beyond these is acked ``rejected``.
 

@@ -15,10 +15,12 @@ anything not granted is denied.
   start-up, so it may see and create every topic under the prefix (it reads none it was
   not granted).
 - ``operator``: writes commands and rules; reads acks and summaries.
-- ``reader`` (exporter, archiver, dashboards): reads every topic under the prefix and
-  writes nothing but the offsets of its own consumer groups (the exporter's, the
+- ``reader`` (exporter, dashboards, ``rlpulse query``): reads every topic under the prefix
+  and writes nothing but the offsets of its own consumer groups (the exporter's, the
   archiver's, and any named ``<prefix>-reader-...``); it may look at the worker group's
   committed offsets (the exporter shows the worker's lag) but not join or commit to it.
+- ``archiver``: a reader that also writes the audit reports of the runs it archived to
+  ``<prefix>.audits`` (and nothing else).
 
 The grants use the topic names of :class:`~rlpulse.schemas.topics.Topics`, so they follow
 the prefix; consumer groups of the clients that never commit (control clients, the rules
@@ -44,7 +46,7 @@ __all__ = [
     "rules_group_prefix",
 ]
 
-Role = Literal["trainer", "worker", "operator", "reader"]
+Role = Literal["trainer", "worker", "operator", "reader", "archiver"]
 ROLES: tuple[str, ...] = get_args(Role)
 Resource = Literal["topic", "group"]
 Pattern = Literal["literal", "prefixed"]
@@ -93,12 +95,11 @@ def role_grants(
     further consumer groups (literal names) the principal may use.
     """
     topics = Topics(prefix)
-    logs = f"{prefix}.logs"  # the trainers' text log records
     grants: list[Grant]
     if role == "trainer":
         grants = [
             _topic(topics.events, "WRITE"),
-            _topic(logs, "WRITE"),
+            _topic(topics.logs, "WRITE"),
             _topic(topics.acks, "READ", "WRITE"),
             _topic(topics.control, "READ"),
             _group(control_group_prefix(prefix), "READ", prefixed=True),
@@ -124,7 +125,7 @@ def role_grants(
             _topic(topics.steps, "READ"),
             _group(f"{prefix}-operator-", "READ", prefixed=True),
         ]
-    elif role == "reader":
+    elif role in ("reader", "archiver"):
         grants = [
             _topic(f"{prefix}.", "READ", prefixed=True),
             _group(f"{prefix}-exporter", "READ"),
@@ -132,6 +133,8 @@ def role_grants(
             _group(f"{prefix}-reader-", "READ", prefixed=True),
             _group(worker_group, "DESCRIBE"),
         ]
+        if role == "archiver":
+            grants.append(_topic(topics.audits, "WRITE"))
     else:
         raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
     return grants + [_group(name, "READ") for name in extra_groups]

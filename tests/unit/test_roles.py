@@ -51,6 +51,13 @@ def test_reader_reads_everything_and_writes_nothing() -> None:
     assert ("p-exporter", "literal", ("READ",)) in groups
 
 
+def test_an_archiver_is_a_reader_that_writes_only_audit_reports() -> None:
+    reader = role_grants("reader", "p", "p-worker")
+    archiver = role_grants("archiver", "p", "p-worker")
+    assert archiver[: len(reader)] == reader
+    assert allowed("archiver", "WRITE") == {TOPICS.audits}
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_only_a_worker_may_use_the_worker_group(role: str) -> None:
     joins = [
