@@ -873,7 +873,8 @@ def explain(
     """Which source each setting's value comes from, keyed by dotted name in tree order.
 
     A source is ``flag``, ``env RLPULSE_...``, ``file <path>`` or ``default``. With
-    ``validate``, the settings are loaded first (raising :class:`SettingsError`).
+    ``validate``, the settings are loaded first (raising :class:`SettingsError`); without,
+    names that are no setting (a misspelt key) are listed last, with where they came from.
     """
     if validate:
         load_settings(overrides, config_file)
@@ -892,6 +893,12 @@ def explain(
             origins[name] = f"file {path}"
         else:
             origins[name] = "default"
+    for name in given.keys() - origins.keys():
+        origins[name] = "flag"
+    for name in from_env.keys() - origins.keys():
+        origins[name] = "env " + ENV_PREFIX + name.replace(".", "__").upper()
+    for name in from_file.keys() - origins.keys():
+        origins[name] = f"file {path}"
     return origins
 
 

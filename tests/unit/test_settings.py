@@ -129,6 +129,13 @@ def test_bad_values_are_refused_naming_their_source(
         load_settings({"prefix": "bad prefix"})
     with pytest.raises(SettingsError, match="Extra inputs"):
         load_settings(config_file=write_config(tmp_path / "typo.yaml", "workr: {}\n"))
+    typo = write_config(tmp_path / "typo2.yaml", "worker:\n  grace_sx: 3\n")
+    with pytest.raises(SettingsError, match=rf"worker.grace_sx \(from file {typo}\): Extra"):
+        load_settings(config_file=typo)
+    monkeypatch.setenv("RLPULSE_WORKER__GRACEX", "3")
+    with pytest.raises(SettingsError, match=r"worker.gracex \(from env RLPULSE_WORKER__GRACEX\)"):
+        load_settings()
+    monkeypatch.delenv("RLPULSE_WORKER__GRACEX")
     with pytest.raises(SettingsError, match="does not exist"):
         load_settings(config_file=tmp_path / "missing.yaml")
     with pytest.raises(SettingsError, match="not valid YAML"):
