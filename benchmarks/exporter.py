@@ -28,7 +28,6 @@ import argparse
 import cProfile
 import gzip
 import io
-import json
 import pstats
 import shutil
 import statistics
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
+from figures import printer, produce_all
 
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.child_process import free_port
@@ -60,8 +60,7 @@ PROMETHEUS_ACCEPT = (
 )
 
 
-def emit(name: str, **fields: Any) -> None:
-    print(json.dumps({"bench": "exporter", "name": name, **fields}), flush=True)
+emit = printer("exporter")
 
 
 def events(
@@ -94,19 +93,6 @@ def events(
                 }
                 out.append((run_id.encode(), codec.encode("TrainerEvent", event)))
     return out
-
-
-def produce_all(settings: Settings, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
-    producer = trainer_producer(settings, "benchmark load")
-    for key, value in messages:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-    assert producer.flush(120) == 0
 
 
 def fresh_topics(bootstrap: str, label: str) -> tuple[Settings, Topics]:
@@ -211,7 +197,11 @@ def scrape_at_scale(bootstrap: str, ranks: int, metrics: int, scrapes: int) -> d
         exporter.start().wait_ready()
         assert exporter.process is not None
         rss_empty = rss_mib(exporter.process.pid)
-        produce_all(settings, topics.events, events(1, ranks, 2, metrics, "scrape"))
+        produce_all(
+            trainer_producer(settings, "benchmark load"),
+            topics.events,
+            events(1, ranks, 2, metrics, "scrape"),
+        )
         want = ranks * metrics
         deadline = time.monotonic() + 120
         while exporter.value("rlpulse_exporter_series") != want:
@@ -255,7 +245,7 @@ def main() -> None:
     with bootstrap_or_local_broker(settings, settings.home / "bench-broker") as bootstrap:
         settings, topics = fresh_topics(bootstrap, "ingest")
         backlog = events(args.runs, args.ranks, args.steps, args.metrics, "ingest")
-        produce_all(settings, topics.events, backlog)
+        produce_all(trainer_producer(settings, "benchmark load"), topics.events, backlog)
         load = {
             "events": len(backlog),
             "runs": args.runs,

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TopicPartition
+from figures import percentile, printer
 
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import bootstrap_or_local_broker
@@ -54,12 +55,7 @@ from rlpulse.transport.topics import ensure_topics
 PARTITIONS = 6
 
 
-def emit(name: str, **fields: Any) -> None:
-    print(json.dumps({"bench": "logs", "name": name, **fields}), flush=True)
-
-
-def percentile(ordered: list[int], q: float) -> float:
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] / 1e3
+emit = printer("logs")
 
 
 def quiet_logger(name: str) -> logging.Logger:
@@ -85,8 +81,8 @@ def per_call(logger: logging.Logger, calls: int) -> dict[str, float]:
     samples.sort()
     return {
         "calls": calls,
-        "p50_us": percentile(samples, 50),
-        "p99_us": percentile(samples, 99),
+        "p50_us": percentile(samples, 50) / 1e3,
+        "p99_us": percentile(samples, 99) / 1e3,
         "mean_us": statistics.fmean(samples) / 1e3,
     }
 

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, Producer
+from figures import percentile, printer, produce_all
 
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.worker_process import WorkerProcess
@@ -66,14 +67,7 @@ from rlpulse.transport.topics import ensure_topics
 PARTITIONS = 6
 
 
-def emit(name: str, **fields: Any) -> None:
-    print(json.dumps({"bench": "pipeline", "name": name, **fields}), flush=True)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+emit = printer("pipeline")
 
 
 def cpu_seconds(process: WorkerProcess) -> float:
@@ -196,19 +190,6 @@ class Load:
         return {"runs": self.runs, "ranks": self.ranks, "metrics_per_event": self.metrics, **extra}
 
 
-def produce_all(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
-    producer = trainer_producer(bootstrap)
-    for key, value in messages:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-    producer.flush(120)
-
-
 class BareAgentProcess(WorkerProcess):
     """This file run as ``bare-agent``: a faust agent that only decodes the events topic."""
 
@@ -285,7 +266,7 @@ def backlog(bootstrap: str, load: Load, steps: int) -> Topics:
     """Fresh topics whose events topic holds ``steps`` steps of ``load``."""
     topics = Topics(prefix=f"bench-tp-{uuid.uuid4().hex[:8]}")
     ensure_topics(Settings(bootstrap=bootstrap), topics, partitions=PARTITIONS)
-    produce_all(bootstrap, topics.events, load.encode(range(steps)))
+    produce_all(trainer_producer(bootstrap), topics.events, load.encode(range(steps)))
     return topics
 
 

@@ -41,7 +41,8 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+
+from figures import percentile, printer
 
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.producers import ControlClient, EventLogger, Settings
@@ -51,12 +52,7 @@ from rlpulse.transport.topics import ensure_topics
 UNREACHABLE = "127.0.0.1:1"
 
 
-def emit(name: str, **fields: Any) -> None:
-    print(json.dumps({"bench": "producer_overhead", "name": name, **fields}), flush=True)
-
-
-def percentile(ordered: list[int], q: float) -> int:
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+emit = printer("producer_overhead")
 
 
 def timed_calls(call: Callable[[int], object], calls: int) -> dict[str, float]:

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import Bootstrap, ConfigFile, Prefix, one_line_errors, out, say, settings
+from rlpulse.cli.common import (
+    Bootstrap,
+    ConfigFile,
+    Prefix,
+    StartupTimeout,
+    one_line_errors,
+    out,
+    say,
+    settings,
+)
 from rlpulse.transport.bootstrap import bootstrap_servers
 
 archive_app = typer.Typer(
@@ -44,9 +53,7 @@ def archive(
         typer.Option(help="... or when its oldest record waited this long (default: 300s)."),
     ] = None,
     retention_days: RetentionDays = None,
-    startup_timeout: Annotated[
-        float | None, typer.Option(help="Seconds start-up waits for Kafka (default: 120).")
-    ] = None,
+    startup_timeout: StartupTimeout = None,
     config: ConfigFile = None,
 ) -> None:
     """Archive events, logs, steps, commands, acks, audits and dead letters until SIGTERM."""

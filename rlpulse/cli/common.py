@@ -23,7 +23,9 @@ from rlpulse.settings import Settings, load_settings
 __all__ = [
     "Bootstrap",
     "ConfigFile",
+    "LogLevel",
     "Prefix",
+    "StartupTimeout",
     "err",
     "fail",
     "one_line_errors",
@@ -53,6 +55,13 @@ Bootstrap = Annotated[
     ),
 ]
 Prefix = Annotated[str | None, typer.Option(help="Topic prefix (default: rlpulse).")]
+StartupTimeout = Annotated[
+    float | None,
+    typer.Option(help="Seconds start-up waits for Kafka to be ready (default: 120)."),
+]
+LogLevel = Annotated[
+    str | None, typer.Option(help="debug, info, warning or error (default: warning).")
+]
 
 
 def say(message: str) -> None:

@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import Bootstrap, ConfigFile, Prefix, one_line_errors, say, settings
+from rlpulse.cli.common import (
+    Bootstrap,
+    ConfigFile,
+    LogLevel,
+    Prefix,
+    StartupTimeout,
+    one_line_errors,
+    say,
+    settings,
+)
 
 
 @one_line_errors
@@ -59,13 +68,8 @@ def exporter(
             "checkpoint)."
         ),
     ] = None,
-    startup_timeout: Annotated[
-        float | None,
-        typer.Option(help="Seconds start-up waits for Kafka and its topics (default: 120)."),
-    ] = None,
-    log_level: Annotated[
-        str | None, typer.Option(help="debug, info, warning or error (default: warning).")
-    ] = None,
+    startup_timeout: StartupTimeout = None,
+    log_level: LogLevel = None,
     config: ConfigFile = None,
 ) -> None:
     """Serve the runs' metrics on /metrics for Prometheus, until SIGTERM or SIGINT."""

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import Bootstrap, ConfigFile, Prefix, one_line_errors, say, settings
+from rlpulse.cli.common import (
+    Bootstrap,
+    ConfigFile,
+    LogLevel,
+    Prefix,
+    StartupTimeout,
+    one_line_errors,
+    say,
+    settings,
+)
 from rlpulse.transport.bootstrap import bootstrap_servers
 
 
@@ -42,13 +51,8 @@ def worker(
         Path | None,
         typer.Option(help="faust's data directory (default: $RLPULSE_HOME/worker-data/<group>)."),
     ] = None,
-    startup_timeout: Annotated[
-        float | None,
-        typer.Option(help="Seconds start-up waits for Kafka and its topics (default: 120)."),
-    ] = None,
-    log_level: Annotated[
-        str | None, typer.Option(help="debug, info, warning or error (default: warning).")
-    ] = None,
+    startup_timeout: StartupTimeout = None,
+    log_level: LogLevel = None,
     config: ConfigFile = None,
 ) -> None:
     """Run a stream worker: step joiner and rule engine, until SIGTERM or SIGINT."""
