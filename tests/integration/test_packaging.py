@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -10,7 +11,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _clean_source(dest: Path) -> Path:
+    """A copy of the source tree without build outputs: a stale ``build/`` must not hide data."""
+    shutil.copytree(
+        ROOT,
+        dest,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".venv"
+        ),
+    )
+    return dest
+
+
 def test_wheel_contains_subpackages_and_data(tmp_path: Path) -> None:
+    source = _clean_source(tmp_path / "source")
     subprocess.run(
         [
             sys.executable,
@@ -20,7 +35,7 @@ def test_wheel_contains_subpackages_and_data(tmp_path: Path) -> None:
             "--no-isolation",
             "-o",
             str(tmp_path),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,
@@ -33,7 +48,8 @@ def test_wheel_contains_subpackages_and_data(tmp_path: Path) -> None:
         "rlpulse/rules/presets/seed.yaml",
         "rlpulse/schemas/avro/TrainerEvent.v1.avsc",
         "rlpulse/streams/joiner.py",
-        "rlpulse/kafka/pom.xml",
+        "rlpulse/local/kafka/pom.xml",
+        "rlpulse/local/kafka/server.properties",
         "rlpulse/py.typed",
     ):
         assert required in names, required
