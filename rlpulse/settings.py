@@ -250,6 +250,22 @@ class WorkerSettings(JoinerSettings):
         default=True,
         description="faust's own flow control: stop fetching a partition at 80 % of the buffer.",
     )
+    fetch_max_wait_s: float = Field(
+        default=0.05,
+        gt=0,
+        le=10,
+        description="How long the broker may hold a fetch that found nothing new (faust: 1.5).",
+    )
+    batch_window_s: float = Field(
+        default=0.2,
+        gt=0,
+        description="Longest an agent keeps a batch open while events keep coming.",
+    )
+    gc_threshold: int = Field(
+        default=20_000,
+        ge=1,
+        description="Allocations between young garbage collections (Python's default: 700).",
+    )
     batch_linger_s: float = Field(
         default=0.01, ge=0, description="How long an agent lets an empty buffer fill up."
     )

@@ -146,6 +146,7 @@ class EventLogger:
             )
         self._key = self.run_id.encode()
         self._good_stages: set[str] = set()
+        self._good_world_sizes: set[int] = set()  # each places this rank within the limits
         self._encoder = EventEncoder(
             EventSource(
                 run_id=self.run_id,
@@ -385,15 +386,26 @@ class EventLogger:
         self, stage: str, step: int, world_size: int, metrics: Mapping[str, float]
     ) -> EventProblem | None:
         """What the worker would refuse about where this event goes and how many metrics."""
+        if (
+            step >= 0
+            and stage in self._good_stages
+            and world_size in self._good_world_sizes
+            and type(metrics) is dict
+            and len(metrics) <= self._limits.max_metrics
+        ):
+            return None  # what every event of a healthy run takes: no call below
         if stage not in self._good_stages:
             problem = stage_problem(stage) or name_problem(stage, self._limits)
             if problem is not None:
                 return problem
             self._good_stages.add(stage)
         problem = position_problem(step, self.rank, world_size, self._limits)
-        if problem is None and isinstance(metrics, Mapping):
-            problem = count_problem(len(metrics), len(self.tags), self._limits)
-        return problem
+        if problem is not None:
+            return problem
+        self._good_world_sizes.add(world_size)
+        if isinstance(metrics, Mapping):
+            return count_problem(len(metrics), len(self.tags), self._limits)
+        return None
 
     def _refuse(self, problem: EventProblem) -> None:
         with self._lock:

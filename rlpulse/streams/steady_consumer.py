@@ -1,17 +1,20 @@
-"""A faust consumer that keeps fetching while the agent's buffer is busy.
+"""The worker's faust consumer: faust's aiokafka consumer, two of its fixed choices as settings.
 
-faust (faust-streaming 0.15.3) takes a partition out of its fetch set once the agent's
-buffer of that partition's topic is 80 % full, and puts it back only when the buffer drains
-to 40 %. A fetched chunk of events (tens of thousands under load) fills the buffer past 80 %
-on every partition in turn, so the next fetch finds no partition to fetch from and the
-fetch loop sleeps a fixed second (``Consumer._wait_next_records``) while the agent has long
-emptied its buffer: a stall every few seconds, the cycle measured in issue 15.
+faust-streaming 0.15.3 (the version this is written against; the benchmark is its check):
 
-:class:`SteadyConsumer` does not switch partitions off on a full buffer. Backpressure stays
-where faust also has it: a message for a buffer that is completely full makes the fetcher
-wait (``Conductor.on_message`` awaits the put) until the agent has taken one. Everything
-else — offsets, commits, acks, rebalances — is faust's own. :func:`use_steady_consumer`
-installs it on an app before its consumer is created.
+- **Fetch wait.** faust asks the broker to hold a fetch that finds nothing new for a fixed
+  1,500 ms, and aiokafka keeps one fetch in flight per broker. A fetch that asks only for
+  partitions with nothing new (the ticks topic, while the events' records are still being
+  handed over) then holds the next fetch of the events for up to that long.
+  :class:`SteadyConsumer` passes ``worker.fetch_max_wait_s`` (50 ms) instead.
+- **Switching partitions off on a busy buffer** (``worker.pause_on_busy_buffer``). faust
+  takes a partition out of its fetch set once the agent's buffer of its topic is 80 % full
+  and puts it back at 40 %; with every partition switched off, the fetch loop sleeps a fixed
+  second. With the setting off, a full buffer still blocks the fetcher by itself
+  (``Conductor.on_message`` awaits the put) until the agent has taken one.
+
+Everything else — offsets, commits, acks, rebalances — is faust's own.
+:func:`use_steady_consumer` installs it on an app before its consumer is created.
 """
 
 from __future__ import annotations
@@ -22,26 +25,59 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-__all__ = ["SteadyConsumer", "SteadyTransport", "use_steady_consumer"]
+__all__ = ["SteadyConsumer", "use_steady_consumer"]
+
+
+class _FetchWaitThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """faust's consumer thread, with the broker's fetch wait of the consumer's setting."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        created = super()._create_worker_consumer(transport)
+        # faust passes a fixed 1,500 ms; aiokafka keeps it until start() builds its Fetcher.
+        if not hasattr(created, "_fetch_max_wait_ms"):
+            raise RuntimeError(
+                "this aiokafka keeps its fetch wait elsewhere: streams/steady_consumer.py "
+                "is written against faust-streaming 0.15.3 and aiokafka 0.14.0"
+            )
+        consumer: Any = self.consumer
+        created._fetch_max_wait_ms = consumer.fetch_max_wait_ms
+        return created
 
 
 class SteadyConsumer(faust_aiokafka.Consumer):
-    """faust's aiokafka consumer, minus the partition switch-off on a busy buffer."""
+    """faust's aiokafka consumer with a short fetch wait, and optionally no switch-off."""
+
+    fetch_max_wait_ms = 1500
+    """How long the broker may hold a fetch that found no data (faust's fixed value)."""
+    pause_on_busy_buffer = True
+    """faust's flow control: stop fetching a partition whose buffer is 80 % full."""
+
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _FetchWaitThread(self, loop=self.loop, beacon=self.beacon)
 
     def on_buffer_full(self, tp: TP) -> None:
-        """Keep fetching ``tp``: a full buffer blocks the fetcher by itself."""
+        """Switch ``tp`` off (faust), or keep fetching it: a full buffer blocks the fetcher."""
+        if self.pause_on_busy_buffer:
+            super().on_buffer_full(tp)
 
     def on_buffer_drop(self, tp: TP) -> None:
-        """Nothing was switched off, so nothing to switch back on."""
+        """Switch ``tp`` back on, if it was switched off."""
+        if self.pause_on_busy_buffer:
+            super().on_buffer_drop(tp)
 
 
-class SteadyTransport(faust_aiokafka.Transport):
-    """faust's aiokafka transport with :class:`SteadyConsumer`."""
-
-    Consumer = SteadyConsumer
-
-
-def use_steady_consumer(app: faust.App) -> None:
-    """Make ``app`` consume with :class:`SteadyConsumer` (call before the app starts)."""
+def use_steady_consumer(
+    app: faust.App, *, fetch_max_wait_s: float, pause_on_busy_buffer: bool
+) -> None:
+    """Make ``app`` consume with a :class:`SteadyConsumer` (call before the app starts)."""
+    consumer = type(
+        "WorkerConsumer",
+        (SteadyConsumer,),
+        {
+            "fetch_max_wait_ms": max(1, round(fetch_max_wait_s * 1000)),
+            "pause_on_busy_buffer": pause_on_busy_buffer,
+        },
+    )
+    transport = type("WorkerTransport", (faust_aiokafka.Transport,), {"Consumer": consumer})
     conf: Any = app.conf
-    app.transport = SteadyTransport(conf.broker_consumer, app)
+    app.transport = transport(conf.broker_consumer, app)

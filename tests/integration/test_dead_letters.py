@@ -28,8 +28,10 @@ from confluent_kafka import Consumer, Producer
 
 from rlpulse.local.broker import tail
 from rlpulse.local.worker_process import WorkerProcess
+from rlpulse.producers import EventLogger
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
+from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -282,3 +284,42 @@ def test_fuzzed_bad_input_goes_to_the_dlq_and_the_worker_keeps_going(
             0,
             RANKS - 1,
         )
+
+
+def test_events_the_trainer_refuses_never_reach_the_dlq(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """A stage with ``|`` and a 2,000-metric event stop at ``log()``, counted by reason.
+
+    A worker runs the whole time; a raw bad payload produced after the trainer's events is
+    the marker that the worker has read past them: it is then the DLQ's only record.
+    """
+    worker = WorkerProcess(kafka_bootstrap, topics.prefix, tmp_path / "worker.log", partitions=3)
+    worker.start()
+    try:
+        worker.wait_consuming(timeout_s=90.0)
+        run_id = f"refused-{uuid.uuid4().hex[:8]}"
+        with EventLogger(
+            run_id, rank=0, world_size=1, settings=settings_at(kafka_bootstrap, topics)
+        ) as logger:
+            logger.log({"loss": 1.0}, step=0, stage="a|b")
+            logger.log({f"m{i}": float(i) for i in range(2000)}, step=0, stage="rollout")
+            logger.log({"loss": 0.5}, step=0, stage="rollout")
+            assert logger.flush(30) == 0
+            assert logger.refused == {"stage_separator": 1, "metrics": 1}
+            assert (logger.logged, logger.delivered) == (1, 1)
+        marker = Producer({"bootstrap.servers": kafka_bootstrap})
+        marker.produce(topics.events, key=run_id.encode(), value=b"marker: not avro")
+        assert marker.flush(30) == 0
+
+        def summary_of_step_0(messages: list[Any]) -> bool:
+            return any(CODEC.decode_summary(m.value())["run_id"] == run_id for m in messages)
+
+        (summary,) = read_all(kafka_bootstrap, topics.steps, summary_of_step_0, timeout_s=60.0)
+        read_all(kafka_bootstrap, topics.dlq, lambda ms: len(ms) >= 1, timeout_s=60.0)
+        dead = read_all(kafka_bootstrap, topics.dlq, lambda _ms: False, timeout_s=3.0)  # all
+    finally:
+        worker.stop()
+    decoded = CODEC.decode_summary(summary.value())
+    assert (decoded["stage"], decoded["step"], decoded["ranks_reported"]) == ("rollout", 0, [0])
+    assert [m.value() for m in dead] == [b"marker: not avro"], tail(worker.log_file, 40)
