@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
@@ -24,3 +26,19 @@ def test_the_faust_internals_it_replaces_are_where_it_expects_them() -> None:
     assert callable(getattr(thread, "_create_worker_consumer", None))
     assert callable(getattr(faust_aiokafka.Consumer, "_new_consumer_thread", None))
     assert callable(getattr(faust_aiokafka.Consumer, "on_buffer_full", None))
+
+
+def test_the_aiokafka_consumer_it_builds_gets_the_fetch_wait(tmp_path: Path) -> None:
+    worker = WorkerSettings(fetch_max_wait_s=0.05)
+
+    async def build() -> int:
+        app = faust_app(Settings(home=tmp_path, worker=worker))
+        consumer: Any = app.consumer
+        thread = consumer._thread
+        created = thread._create_worker_consumer(app.transport)
+        try:
+            return int(created._fetch_max_wait_ms)
+        finally:
+            await created.stop()
+
+    assert asyncio.run(build()) == 50
