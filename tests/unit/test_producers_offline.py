@@ -15,6 +15,7 @@ import pytest
 
 import rlpulse
 import rlpulse.producers
+from rlpulse.oncelog import WarnOnce
 from rlpulse.producers import (
     ControlClient,
     EventLogger,
@@ -26,6 +27,7 @@ from rlpulse.producers import (
     RunLink,
     Settings,
 )
+from rlpulse.producers import logger as logger_module
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.transport import clients as clients_module
 from rlpulse.transport.exceptions import ClientConfigError
@@ -224,8 +226,10 @@ def test_import_does_not_load_the_worker_stack() -> None:
 
 
 def test_events_the_worker_would_refuse_are_counted_not_sent(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Once per reason per process: a fresh process's memory of what it has warned about.
+    monkeypatch.setattr(logger_module, "_warn_refused", WarnOnce(logger_module.log))
     caplog.set_level(logging.WARNING, logger="rlpulse.producers")
     logger = EventLogger("run-a", rank=1, world_size=4, settings=unreachable())
     logger.log({"loss": 1.0}, step=1, stage="a|b")
