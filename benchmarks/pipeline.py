@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, Producer
-from figures import percentile, printer, produce_all
+from figures import encoded_events, percentile, printer, produce_all
 
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.worker_process import WorkerProcess
@@ -149,9 +149,7 @@ class Load:
 
     def __init__(self, runs: int, ranks: int, metrics: int, label: str) -> None:
         self.runs, self.ranks, self.metrics = runs, ranks, metrics
-        self.names = [f"metric_{i}" for i in range(metrics)]
         self.label = label
-        self.codec = default_codec()
 
     def encode(
         self, steps: range, start_ns: int | None = None, step_s: float = 0.0
@@ -160,31 +158,9 @@ class Load:
 
         Step ``i`` carries ``timestamp_ns = start_ns + i * step_s`` (default: now).
         """
-        out = []
-        first = time.time_ns() if start_ns is None else start_ns
-        for index, step in enumerate(steps):
-            now = first + round(index * step_s * 1e9)
-            for run in range(self.runs):
-                run_id = f"{self.label}-{run}"
-                for rank in range(self.ranks):
-                    event = {
-                        "kind": "metrics",
-                        "run_id": run_id,
-                        "attempt": 0,
-                        "step": step,
-                        "stage": "rollout",
-                        "rank": rank,
-                        "world_size": self.ranks,
-                        "metrics": {name: 0.1 * step + rank for name in self.names},
-                        "tags": {},
-                        "timestamp_ns": now,
-                        "hostname": "bench",
-                        "pid": 0,
-                        "producer_id": f"{run_id}/{rank}",
-                        "seq": step,
-                    }
-                    out.append((run_id.encode(), self.codec.encode("TrainerEvent", event)))
-        return out
+        return encoded_events(
+            self.label, self.runs, self.ranks, self.metrics, steps, start_ns, step_s
+        )
 
     def describe(self, **extra: Any) -> dict[str, Any]:
         return {"runs": self.runs, "ranks": self.ranks, "metrics_per_event": self.metrics, **extra}
