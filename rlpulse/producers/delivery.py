@@ -135,6 +135,9 @@ class DeliveryPump:
         self.counts = DeliveryCounts()
         self.spooling = False
         """Spool mode: ``log()`` must give events to :meth:`hold`, not to librdkafka."""
+        self.sent = 0
+        """Events handed to librdkafka live (not replayed); counted under ``order_lock``."""
+        self._reported = 0
         self._topic = topic
         self._producer_id = producer_id
         self._label = label
@@ -157,13 +160,27 @@ class DeliveryPump:
         """Events held in memory for the spool."""
         return len(self._backlog)
 
+    @property
+    def in_memory(self) -> int:
+        """Events in librdkafka's queue (sent live or replayed) or held for the spool.
+
+        Counted from this pump's own reports: ``len(producer)`` would also count
+        librdkafka's requests and its error events not yet served by ``poll()``.
+        """
+        with self._lock:
+            batch = self._batch
+            queued = self.sent - self._reported + (batch.outstanding if batch else 0)
+        return queued + len(self._backlog)
+
     # -- called by the logger and by librdkafka ---------------------------------------
 
     def report(self, seq: int, error: KafkaError | None, message: Message) -> None:
         """Delivery report of this producer's event ``seq`` (bound with ``functools.partial``)."""
-        if error is None:
-            with self._lock:
+        with self._lock:
+            self._reported += 1
+            if error is None:
                 self.counts.delivered += 1
+        if error is None:
             self._health.ok = True
             return
         if not undeliverable(error):
@@ -286,6 +303,7 @@ class DeliveryPump:
             held = sorted(self._backlog, key=lambda e: e.seq)
             self._backlog.clear()
             for index, event in enumerate(held):
+                self.sent += 1
                 try:
                     self.producer.produce(
                         event.topic,
@@ -294,6 +312,7 @@ class DeliveryPump:
                         on_delivery=partial(self.report, event.seq),
                     )
                 except (BufferError, KafkaException):
+                    self.sent -= 1
                     self._backlog.extend(held[index:])  # still spooling; these go to disk
                     return
             self.spooling = False

@@ -200,7 +200,7 @@ class EventLogger:
             producer, pump = self._producer, self._pump
         if producer is None or pump is None:
             return 0
-        return len(producer) + pump.backlog
+        return pump.in_memory
 
     def log(
         self,
@@ -341,12 +341,16 @@ class EventLogger:
         if pump.spooling:  # keep the order: younger events wait behind spooled ones
             pump.hold(self._spooled(topic, value, seq))
             return
+        pump.sent += 1  # counted first: the pump's thread may serve its report at once
         try:
             self._producer.produce(topic, value, self._key, on_delivery=partial(pump.report, seq))
+            return
         except BufferError:
-            pump.overflow(self._spooled(topic, value, seq), "librdkafka's local queue is full")
+            why = "librdkafka's local queue is full"
         except KafkaException as exc:
-            pump.overflow(self._spooled(topic, value, seq), f"librdkafka refused it ({exc})")
+            why = f"librdkafka refused it ({exc})"
+        pump.sent -= 1
+        pump.overflow(self._spooled(topic, value, seq), why)
 
     def _new_log_encoder(self) -> LogEncoder:
         """The log record encoder, made with the first record (it resolves the host's IP)."""
@@ -441,7 +445,8 @@ class EventLogger:
             producer, pump = self._producer, self._pump
         if producer is None or pump is None:
             return 0
-        return int(producer.flush(timeout_s)) + pump.backlog
+        producer.flush(timeout_s)
+        return pump.in_memory
 
     def close(self, timeout_s: float | None = None) -> int:
         """Flush for up to ``timeout_s`` (default ``producer.close_timeout_s``), spool the rest.
