@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
-from figures import printer, produce_all
+from figures import encoded_events, printer, produce_all
 
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.child_process import free_port
@@ -61,38 +61,6 @@ PROMETHEUS_ACCEPT = (
 
 
 emit = printer("exporter")
-
-
-def events(
-    runs: int, ranks: int, steps: int, metrics: int, label: str
-) -> list[tuple[bytes, bytes]]:
-    """(key, value) of every event, in the order trainers would send them."""
-    codec = default_codec()
-    names = [f"metric_{i}" for i in range(metrics)]
-    now = time.time_ns()
-    out = []
-    for step in range(steps):
-        for run in range(runs):
-            run_id = f"{label}-{run}"
-            for rank in range(ranks):
-                event = {
-                    "kind": "metrics",
-                    "run_id": run_id,
-                    "attempt": 0,
-                    "step": step,
-                    "stage": "rollout",
-                    "rank": rank,
-                    "world_size": ranks,
-                    "metrics": {name: 0.1 * step + rank for name in names},
-                    "tags": {},
-                    "timestamp_ns": now,
-                    "hostname": "bench",
-                    "pid": 0,
-                    "producer_id": f"{run_id}/{rank}",
-                    "seq": step,
-                }
-                out.append((run_id.encode(), codec.encode("TrainerEvent", event)))
-    return out
 
 
 def fresh_topics(bootstrap: str, label: str) -> tuple[Settings, Topics]:
@@ -200,7 +168,7 @@ def scrape_at_scale(bootstrap: str, ranks: int, metrics: int, scrapes: int) -> d
         produce_all(
             trainer_producer(settings, "benchmark load"),
             topics.events,
-            events(1, ranks, 2, metrics, "scrape"),
+            encoded_events("scrape", 1, ranks, metrics, range(2)),
         )
         want = ranks * metrics
         deadline = time.monotonic() + 120
@@ -244,7 +212,7 @@ def main() -> None:
     settings = Settings()
     with bootstrap_or_local_broker(settings, settings.home / "bench-broker") as bootstrap:
         settings, topics = fresh_topics(bootstrap, "ingest")
-        backlog = events(args.runs, args.ranks, args.steps, args.metrics, "ingest")
+        backlog = encoded_events("ingest", args.runs, args.ranks, args.metrics, range(args.steps))
         produce_all(trainer_producer(settings, "benchmark load"), topics.events, backlog)
         load = {
             "events": len(backlog),
