@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlpulse.ops.commands import action, operator_command, publish_command
 from rlpulse.producers.integrations import verl as integration
+from rlpulse.producers.integrations import verl_env
+from rlpulse.producers.integrations.canonical import TRL_NAMES, VERL_NAMES, canonical_metrics
 from rlpulse.producers.integrations.commands import resize_batch
 from rlpulse.producers.integrations.exceptions import ActionRejectedError, VerlSettingsError
 from rlpulse.producers.integrations.verl_trainer import VerlTrainerActions, batch_unit
@@ -95,7 +98,14 @@ class StandInTrainer:
             self, global_step=self.global_steps, checkpoint_dir=str(directory)
         )
 
-    def fit(self, project: str, experiment: str, rlpulse: dict[str, Any]) -> None:
+    def fit(
+        self,
+        project: str,
+        experiment: str,
+        rlpulse: dict[str, Any],
+        metrics: Callable[[int], dict[str, Any]] = lambda _step: STEP_METRICS,
+        step_s: float = 0.05,
+    ) -> None:
         """verl's v1 loop: build Tracking, log at the end of each step, stop past the total."""
         from verl.utils.tracking import Tracking
 
@@ -107,9 +117,9 @@ class StandInTrainer:
         )
         self.global_steps += 1  # from the step it resumed at, 0 for a fresh run
         while self.global_steps <= self.total_training_steps:
-            self.logger.log(data=STEP_METRICS, step=self.global_steps)
+            self.logger.log(data=metrics(self.global_steps), step=self.global_steps)
             self.global_steps += 1
-            time.sleep(0.05)
+            time.sleep(step_s)
         self.logger.finish()
 
 
@@ -121,8 +131,15 @@ def test_metrics_are_split_into_stages_by_prefix() -> None:
         {"stages": {"reward": ["critic/score/"], "rollout": []}}
     )
     assert settings.split(STEP_METRICS) == {
-        "actor": {"actor/kl_loss": 0.12, "actor/pg_loss": -0.3},
+        # verl's names as logged, and the seed's names for them (canonical.VERL_NAMES)
+        "actor": {
+            "actor/kl_loss": 0.12,
+            "actor/pg_loss": -0.3,
+            "kl_divergence": 0.12,
+            "actor_loss": -0.3,
+        },
         "reward": {"critic/score/mean": 0.75},
+        "rollout": {"reward_mean": 0.75},
         "trainer": {
             "response_length/mean": 212.0,
             "prompt_length/mean": 80.0,
@@ -132,7 +149,28 @@ def test_metrics_are_split_into_stages_by_prefix() -> None:
     }
     default = integration.VerlSettings().split(STEP_METRICS)
     assert set(default) == {"actor", "critic", "rollout", "trainer"}
-    assert default["rollout"] == {"response_length/mean": 212.0, "prompt_length/mean": 80.0}
+    assert default["rollout"] == {
+        "response_length/mean": 212.0,
+        "prompt_length/mean": 80.0,
+        "reward_mean": 0.75,
+    }
+    verl_only = integration.VerlSettings(seed_names=False).split(STEP_METRICS)
+    assert verl_only["rollout"] == {"response_length/mean": 212.0, "prompt_length/mean": 80.0}
+    assert verl_only["actor"] == {"actor/kl_loss": 0.12, "actor/pg_loss": -0.3}
+
+
+def test_a_name_logged_as_the_seeds_own_is_not_overwritten() -> None:
+    logged = {"actor/kl_loss": 0.12, "kl_divergence": 0.2, "perf/throughput": 900.0}
+    assert canonical_metrics(logged, VERL_NAMES) == {
+        "trainer": {"throughput_tokens_per_sec": 900.0}
+    }
+    assert canonical_metrics({"actor/reward_kl_penalty": 0.4}, VERL_NAMES) == {
+        "actor": {"kl_divergence": 0.4}
+    }
+    assert canonical_metrics({"reward": 1.5, "kl": 0.1, "loss": 0.3}, TRL_NAMES) == {
+        "rollout": {"reward_mean": 1.5},
+        "actor": {"kl_divergence": 0.1, "actor_loss": 0.3},
+    }
 
 
 def test_a_bad_rlpulse_block_names_the_key() -> None:
@@ -237,10 +275,10 @@ def test_stop_ends_the_v1_loop_after_this_step_and_legacy_after_one_more() -> No
 
 
 def test_the_launcher_adds_the_plugin_to_verls_module_list_once() -> None:
-    plugin = integration.PLUGIN_MODULE
-    assert integration.with_plugin("") == plugin
-    assert integration.with_plugin("my.plugin") == f"my.plugin,{plugin}"
-    assert integration.with_plugin(f"{plugin},x") == f"{plugin},x"
+    plugin = verl_env.PLUGIN_MODULE
+    assert verl_env.with_plugin("") == plugin
+    assert verl_env.with_plugin("my.plugin") == f"my.plugin,{plugin}"
+    assert verl_env.with_plugin(f"{plugin},x") == f"{plugin},x"
 
 
 # -- verl's Tracking with the rlpulse backend, against the broker --------------------------
@@ -303,7 +341,12 @@ def test_tracking_publishes_each_step_by_stage(kafka_bootstrap: str, topics: Top
     assert {(e["rank"], e["world_size"], e["attempt"]) for e in metrics} == {(0, 1, 0)}
     assert all(e["tags"] == {"framework": "verl", "model": "qwen"} for e in metrics)
     actor = next(e for e in metrics if e["stage"] == "actor" and e["step"] == 2)
-    assert actor["metrics"] == {"actor/kl_loss": 0.12, "actor/pg_loss": -0.3}
+    assert actor["metrics"] == {
+        "actor/kl_loss": 0.12,
+        "actor/pg_loss": -0.3,
+        "kl_divergence": 0.12,
+        "actor_loss": -0.3,
+    }
     trainer = next(e for e in metrics if e["stage"] == "trainer" and e["step"] == 2)
     assert trainer["metrics"]["training/global_step"] == 2.0
     assert "val-core/gsm8k/acc" not in trainer["metrics"]
@@ -362,7 +405,7 @@ def test_verl_loads_the_plugin_in_a_fresh_process(kafka_bootstrap: str, topics: 
         tracking.finish()
         """
     )
-    env = {**os.environ, integration.EXTERNAL_MODULES_ENV: integration.PLUGIN_MODULE}
+    env = {**os.environ, verl_env.EXTERNAL_MODULES_ENV: verl_env.PLUGIN_MODULE}
     result = subprocess.run(
         [sys.executable, "-c", script],
         env=env,

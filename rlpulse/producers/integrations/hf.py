@@ -40,6 +40,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from rlpulse.producers.bus import Broadcast
 from rlpulse.producers.exceptions import InvalidValueError
+from rlpulse.producers.integrations.canonical import TRL_NAMES, canonical_metrics
 from rlpulse.producers.integrations.commands import (
     ActionHandler,
     ActionResult,
@@ -67,7 +68,9 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     which reads ``$RLPULSE_BOOTSTRAP`` and the rest of the environment).
     ``poll_every_steps`` spaces the per-step collective that shares rank 0's commands;
     ``broadcast`` is that collective (default: over ``torch.distributed``, the identity
-    without a process group).
+    without a process group). ``seed_names`` (default on) also publishes TRL's metrics under the
+    seed's names (``reward`` as ``reward_mean`` in stage ``rollout``, ``kl`` as
+    ``kl_divergence`` ...), so the default rules and the exporter's seed gauges act on the run.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         rank_stage: str = "rank",
         poll_every_steps: int = 1,
         broadcast: Broadcast = torch_broadcast,
+        seed_names: bool = True,
     ) -> None:
         if poll_every_steps < 1:
             raise InvalidValueError("poll_every_steps", poll_every_steps, "an int >= 1")
@@ -90,6 +94,7 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         self.rank_stage = rank_stage
         self.poll_every_steps = poll_every_steps
         self.broadcast = broadcast
+        self.seed_names = seed_names
         self.link: RunLink | None = None
         """This process's link to rlpulse, from ``on_train_begin`` on."""
         self.stopped_by: ControlCommand | None = None
@@ -147,11 +152,20 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         logs: dict[str, Any] | None = None,
         **_: Any,
     ) -> None:
-        """Rank 0 publishes the logged (already cross-rank) metrics as ``stage``, world size 1."""
+        """Rank 0 publishes the logged (already cross-rank) metrics as ``stage``, world size 1.
+
+        With ``seed_names``, the seed's names for TRL's metrics go too, each in its stage
+        (:data:`~rlpulse.producers.integrations.canonical.TRL_NAMES`).
+        """
         link = self._require_link()
         metrics = numeric_metrics(logs or {})
-        if link.rank == 0 and metrics:
-            link.log(metrics, int(state.global_step), self.stage, world_size=1)
+        if link.rank != 0 or not metrics:
+            return
+        step = int(state.global_step)
+        link.log(metrics, step, self.stage, world_size=1)
+        if self.seed_names:
+            for stage, seed in canonical_metrics(metrics, TRL_NAMES).items():
+                link.log(seed, step, stage, world_size=1)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any

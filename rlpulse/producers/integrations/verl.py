@@ -21,7 +21,8 @@ workers verl starts inherit it), installs the backend, and runs
 The ``rlpulse`` block of verl's config is :class:`VerlSettings`. Each step's dict is
 split into stages by metric prefix (``actor/`` -> ``actor``, ``critic/`` -> ``critic``,
 ``response_length/`` -> ``rollout``, ...; the rest -> ``trainer``) and published from
-rank 0 with world size 1; metric names keep their prefix. After publishing, the backend
+rank 0 with world size 1; metric names keep their prefix, and the seed's names are added for
+verl's (:mod:`~rlpulse.producers.integrations.canonical`). After publishing, the backend
 polls the run's commands and applies them to the trainer whose ``fit()`` built the
 ``Tracking`` (see :mod:`~rlpulse.producers.integrations.verl_trainer`).
 """
@@ -39,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlpulse.exceptions import SettingsError
+from rlpulse.producers.integrations.canonical import VERL_NAMES, canonical_metrics
 from rlpulse.producers.integrations.commands import (
     ActionHandler,
     ActionResult,
@@ -48,6 +50,8 @@ from rlpulse.producers.integrations.commands import (
 )
 from rlpulse.producers.integrations.exceptions import ActionRejectedError, VerlSettingsError
 from rlpulse.producers.integrations.metrics import numeric_metrics
+from rlpulse.producers.integrations.verl_env import EXTERNAL_MODULES_ENV, with_plugin
+from rlpulse.producers.integrations.verl_env import install as install_runtime_env
 from rlpulse.producers.integrations.verl_trainer import VerlTrainerActions, is_verl_trainer
 from rlpulse.producers.link import RunLink
 from rlpulse.schemas.records import Action, ControlCommand
@@ -57,8 +61,6 @@ log = logging.getLogger(__name__)
 
 BACKEND = "rlpulse"
 """The name to put in verl's ``trainer.logger`` list."""
-PLUGIN_MODULE = "rlpulse.producers.integrations.verl_plugin"
-EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 DEFAULT_STAGES: dict[str, list[str]] = {
     "actor": ["actor/"],
     "critic": ["critic/"],
@@ -80,6 +82,10 @@ class VerlSettings(BaseModel):
     ``stages`` maps a stage to metric-name prefixes and is merged over
     :data:`DEFAULT_STAGES` stage by stage (``+rlpulse.stages.actor=[]`` drops one); the
     longest matching prefix wins, metrics matching none go to ``default_stage``.
+    ``seed_names`` (on by default) also publishes the seed's names for verl's metrics
+    (:data:`~rlpulse.producers.integrations.canonical.VERL_NAMES`: ``critic/score/mean`` as
+    ``reward_mean`` in stage ``rollout``, ``actor/kl_loss`` as ``kl_divergence`` ...), so the
+    default rules, the exporter's seed gauges, the dashboard and the alerts act on a verl run.
     ``settings`` takes any other :class:`~rlpulse.settings.Settings` field, nested as there
     (``+rlpulse.settings.producer.linger_ms=20``); values not given come from the
     environment (``RLPULSE_*``) and the config file, as everywhere.
@@ -93,6 +99,7 @@ class VerlSettings(BaseModel):
     stages: dict[str, list[str]] = Field(default_factory=dict)
     default_stage: str = Field(default="trainer", min_length=1)
     tags: dict[str, str] = Field(default_factory=dict)
+    seed_names: bool = True
     settings: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
@@ -119,12 +126,19 @@ class VerlSettings(BaseModel):
         return sorted(pairs, key=lambda pair: len(pair[0]), reverse=True)
 
     def split(self, data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-        """Group the numeric entries of ``data`` by stage; other values are left out."""
+        """Group the numeric entries of ``data`` by stage, with the seed's names when enabled.
+
+        Values that are not numbers are left out.
+        """
         prefixes = self.prefixes()
+        numbers = numeric_metrics(data)
         by_stage: dict[str, dict[str, float]] = {}
-        for name, value in numeric_metrics(data).items():
+        for name, value in numbers.items():
             stage = next((s for p, s in prefixes if name.startswith(p)), self.default_stage)
             by_stage.setdefault(stage, {})[name] = value
+        if self.seed_names:
+            for stage, seed in canonical_metrics(numbers, VERL_NAMES).items():
+                by_stage.setdefault(stage, {}).update(seed)
         return by_stage
 
 
@@ -258,12 +272,16 @@ class _RecordAttempt:
 def install() -> None:
     """Make verl's ``Tracking`` accept ``rlpulse`` in ``trainer.logger``; idempotent.
 
+    Also makes verl's Ray runtime env carry rlpulse's settings to every node
+    (:func:`~rlpulse.producers.integrations.verl_env.install`).
+
     The backend is bound to the verl trainer whose ``fit()`` builds the ``Tracking``:
     ``PPOTrainer.fit`` (v1) and ``RayPPOTrainer.fit`` (legacy) call ``Tracking(...)``
     themselves, so the caller's ``self`` is the trainer.
     """
     from verl.utils.tracking import Tracking
 
+    install_runtime_env()
     if BACKEND in Tracking.supported_backend:
         return
     Tracking.supported_backend = [*Tracking.supported_backend, BACKEND]
@@ -296,14 +314,6 @@ def install() -> None:
 
     Tracking.__init__ = __init__
     Tracking.finish = finish
-
-
-def with_plugin(modules: str) -> str:
-    """``VERL_USE_EXTERNAL_MODULES`` with :data:`PLUGIN_MODULE` added (once)."""
-    names = [name for name in modules.split(",") if name.strip()]
-    if PLUGIN_MODULE not in names:
-        names.append(PLUGIN_MODULE)
-    return ",".join(names)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
