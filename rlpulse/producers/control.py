@@ -37,6 +37,7 @@ from rlpulse.schemas.signing import signature_problem
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.clients import kafka_error_of, new_consumer, new_producer
+from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.roles import control_group_prefix
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,9 @@ class ControlClient:
     """Reads the control topic for one run attempt and writes its acks.
 
     Construction does no network I/O. The first :meth:`poll` starts a daemon thread
-    that starts the client: it finds the partitions of the control and acks topics,
+    that starts the client: it finds the run's partition of the control and acks topics
+    (records keyed by run are partitioned with murmur2 by every client, so the client reads
+    that partition alone: start-up work grows with its own run, not with the cluster's),
     rebuilds the set of command ids already acknowledged for this run (acks of the
     last ``producer.control_lookback_s`` seconds, read up to the end the acks topic had
     at start), then positions the consumer at the commands of the same lookback.
@@ -92,6 +95,8 @@ class ControlClient:
         self.ack_timeout_s = ack_timeout_s
         self.dry_run_seen: list[ControlCommand] = []
         """Dry-run commands for this run attempt, in arrival order (never returned by poll)."""
+        self.start_up_acks_read = 0
+        """Ack records (of any run) read at start-up to rebuild the acknowledged command ids."""
         topics = Topics(self.settings.prefix)
         self._control_topic = topics.control
         self._acks_topic = topics.acks
@@ -368,7 +373,9 @@ class ControlClient:
             )
             return None
         cutoff_ms = int((time.time() - self.settings.producer.control_lookback_s) * 1000)
+        control = [partition_for(self._key, len(control))]
         acks = _partitions(consumer, self._acks_topic, deadline) or []
+        acks = [partition_for(self._key, len(acks))] if acks else []
         ack_ranges = _start_offsets(consumer, self._acks_topic, acks, cutoff_ms, deadline)
         control_ranges = _start_offsets(consumer, self._control_topic, control, cutoff_ms, deadline)
         return _StartPlan(
@@ -393,6 +400,7 @@ class ControlClient:
                     else:
                         self._warn("acks-read", "%s: %s", self._acks_topic, error.str())
                     continue
+                self.start_up_acks_read += 1
                 if msg.key() == self._key:
                     self._note_ack(msg)
                 if partition in to_read and offset + 1 >= to_read[partition][1]:

@@ -209,6 +209,7 @@ class RulesTopicFollower:
 
     def __init__(self, book: RuleBook, settings: Settings) -> None:
         self.book = book
+        self.settings = settings
         self.topic = Topics(settings.prefix).rules
         self._consumer = new_consumer(
             settings, rules_group_prefix(settings.prefix) + uuid.uuid4().hex, "rules topic follower"
@@ -222,16 +223,24 @@ class RulesTopicFollower:
         """Start following the topic from its beginning.
 
         Finding the topic's end retries until ``deadline`` (default 30 s) while the broker
-        is still electing the topic's leader.
+        is still electing the topic's leader; each try asks a new client, so a leader that
+        moved (a broker died) is looked up afresh rather than read from a stale cache.
         """
 
         def end_offset() -> int:
+            probe = new_consumer(
+                self.settings,
+                rules_group_prefix(self.settings.prefix) + uuid.uuid4().hex,
+                "rules topic probe",
+            )
             try:
-                _low, high = self._consumer.get_watermark_offsets(
+                _low, high = probe.get_watermark_offsets(
                     TopicPartition(self.topic, 0), timeout=5, cached=False
                 )
             except KafkaException as exc:
                 raise TransportError(f"{self.topic}: {exc}") from exc
+            finally:
+                probe.close()
             return int(high)
 
         self._end_offset = retry_until(

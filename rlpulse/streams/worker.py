@@ -41,9 +41,9 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
         say,
     )
     book, follow = rule_book(settings)
-    follow(deadline)
     registry = CollectorRegistry()
     worker_app = WorkerApp(settings, book, registry=registry)
+    follow(deadline)  # after WorkerApp attached the book's counters: refusals at start count
     GcPauseTimer(worker_app.metrics).install()
     # faust makes several objects per message; Python's default (a young collection every
     # 700 allocations) spends the loop's time on them. What start-up built is never garbage.

@@ -33,6 +33,7 @@ from rlpulse.oncelog import WarnOnce
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import BrokerRecord, bootstrap_servers, local_broker_dir
 from rlpulse.transport.exceptions import ClientConfigError
+from rlpulse.transport.partitioning import PARTITIONER
 
 __all__ = [
     "QUEUE_MAX_MESSAGES",
@@ -212,13 +213,18 @@ def new_producer(
     overrides: Mapping[str, Any] | None = None,
     diagnostics: ClientDiagnostics | None = None,
 ) -> Producer:
-    """A confluent ``Producer`` (``acks=all``); ``settings.librdkafka`` is merged last.
+    """A confluent ``Producer`` (``acks=all``, murmur2); ``settings.librdkafka`` is merged last.
+
+    Every producer partitions keyed records with murmur2, the Java client's (and faust's)
+    partitioner, so a run's records land on one partition whichever client wrote them
+    (:mod:`rlpulse.transport.partitioning`).
 
     ``diagnostics`` (default: a new one) receives the client's errors.
     """
     properties = {
         **client_properties(settings),
         "acks": "all",
+        "partitioner": PARTITIONER,
         **(overrides or {}),
         **settings.librdkafka,
     }
@@ -227,11 +233,7 @@ def new_producer(
 
 
 def trainer_producer(settings: Settings, client: str) -> Producer:
-    """The trainer's idempotent, batched, compressed event producer.
-
-    ``murmur2_random`` is the Java client's partitioner (and faust's), so a run id lands on
-    the same partition whichever client wrote it.
-    """
+    """The trainer's idempotent, batched, compressed event producer."""
     producer_settings = settings.producer
     return new_producer(
         settings,
@@ -240,7 +242,6 @@ def trainer_producer(settings: Settings, client: str) -> Producer:
             "enable.idempotence": True,
             "linger.ms": producer_settings.linger_ms,
             "compression.type": producer_settings.compression,
-            "partitioner": "murmur2_random",
             "queue.buffering.max.messages": QUEUE_MAX_MESSAGES,
             "message.timeout.ms": max(1, round(producer_settings.delivery_timeout_s * 1000)),
         },

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from rlpulse.local.child_process import free_port
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import ControlClient, EventLogger
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.schemas.topics import RULES_KEY, Topics
+from tests.integration.scrape import scrape
 from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
@@ -124,4 +126,29 @@ def test_published_edit_takes_effect_and_keeps_unchanged_state(
         for logger in ranks:
             logger.close(10)
         client.close()
+        worker.stop()
+
+
+def test_a_text_refused_at_start_up_is_counted(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    with Producer({"bootstrap.servers": kafka_bootstrap}) as raw:
+        raw.produce(topics.rules, key=RULES_KEY, value=b"version: 1\nrules: [{id: x}]\n")
+        assert raw.flush(10) == 0
+    port = free_port()
+    worker = WorkerProcess(
+        kafka_bootstrap,
+        topics.prefix,
+        tmp_path / "worker.log",
+        rules=None,  # follow the rules topic, as `rlpulse worker` does by default
+        partitions=3,
+        extra_args=("--metrics-port", str(port), "--metrics-host", "127.0.0.1"),
+    )
+    try:
+        worker.start()
+        worker.wait_consuming(timeout_s=90.0)
+        counters = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert counters['rlpulse_rules_refused_total{reason="invalid"}'] == 1.0
+        assert "refused rules" in worker.log_file.read_text()
+    finally:
         worker.stop()
