@@ -246,6 +246,11 @@ class WorkerSettings(JoinerSettings):
     commit_interval_s: float = Field(
         default=2.8, gt=0, description="How often offsets of processed messages are committed."
     )
+    stall_after_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="An input partition with unprocessed events this long is logged as stalled.",
+    )
     pause_on_busy_buffer: bool = Field(
         default=True,
         description="faust's own flow control: stop fetching a partition at 80 % of the buffer.",

@@ -105,6 +105,7 @@ def faust_app(settings: Settings) -> faust.App:
         "stream_buffer_maxsize": worker.buffer_max,
         "broker_commit_every": worker.commit_every,
         "broker_commit_interval": worker.commit_interval_s,
+        "stream_processing_timeout": worker.stall_after_s,
         "datadir": str(data_dir),
         "store": "memory://",
         "key_serializer": "raw",

@@ -1,4 +1,4 @@
-"""The worker's faust consumer: faust's aiokafka consumer, two of its fixed choices as settings.
+"""The worker's faust consumer: faust's aiokafka consumer, with three of its choices changed.
 
 faust-streaming 0.15.3 (the version this is written against; the benchmark is its check):
 
@@ -7,6 +7,10 @@ faust-streaming 0.15.3 (the version this is written against; the benchmark is it
   partitions with nothing new (the ticks topic, while the events' records are still being
   handed over) then holds the next fetch of the events for up to that long.
   :class:`SteadyConsumer` passes ``worker.fetch_max_wait_s`` (50 ms) instead.
+- **Stall checks on changelogs.** faust checks every assigned partition for a stream that
+  stopped; a table's changelog is assigned but read by no stream, so a healthy idle worker
+  would log an ERROR block per changelog partition every few seconds. Changelogs get only the
+  fetch checks.
 - **Switching partitions off on a busy buffer** (``worker.pause_on_busy_buffer``). faust
   takes a partition out of its fetch set once the agent's buffer of its topic is 80 % full
   and puts it back at 40 %; with every partition switched off, the fetch loop sleeps a fixed
@@ -42,6 +46,20 @@ class _FetchWaitThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer: Any = self.consumer
         created._fetch_max_wait_ms = consumer.fetch_max_wait_ms
         return created
+
+    def verify_event_path(self, now: float, tp: TP) -> None:
+        """faust's stall checks, without the stream checks on a table's changelog.
+
+        No stream reads a changelog: the worker writes it, and its partitions stay assigned
+        after recovery while their end moves on, so faust would log "Stream has not started
+        processing" for each of them every few seconds from ``stream_processing_timeout`` on.
+        The fetch checks still run for them.
+        """
+        app: Any = self.consumer.app
+        if tp.topic in app.tables.changelog_topics:
+            self._verify_aiokafka_event_path(now, tp)
+            return
+        super().verify_event_path(now, tp)
 
 
 class SteadyConsumer(faust_aiokafka.Consumer):
