@@ -48,7 +48,7 @@ class _FetchWaitThread(faust_aiokafka.AIOKafkaConsumerThread):
         return created
 
     def verify_event_path(self, now: float, tp: TP) -> None:
-        """faust's stall checks, without the stream checks on a table's changelog.
+        """Run faust's stall checks, without the stream checks on a table's changelog.
 
         No stream reads a changelog: the worker writes it, and its partitions stay assigned
         after recovery while their end moves on, so faust would log "Stream has not started
