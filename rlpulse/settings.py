@@ -677,6 +677,14 @@ class Settings(BaseSettings):
         ),
     )
     prefix: str = Field(default=DEFAULT_PREFIX, description="Topics are named <prefix>.<role>.")
+    replication_factor: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Replicas of every topic rlpulse and the worker create; unset: the cluster's "
+            "default.replication.factor, at least min(3, brokers)."
+        ),
+    )
     home: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "rlpulse",
         description="Where rlpulse keeps local files: Kafka jars, broker state, spools.",

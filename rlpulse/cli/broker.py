@@ -1,8 +1,9 @@
 """``rlpulse broker up|down|status|user add|acl print``: the local Apache Kafka broker.
 
-``up --secure`` runs it with SASL_SSL, SCRAM and ACLs; ``user add`` creates a user with
-the ACLs of a role there; ``acl print`` prints the ``kafka-acls.sh`` commands that give a
-role the same ACLs on any cluster.
+``up --nodes 3`` starts a local three-node KRaft cluster instead
+(:mod:`rlpulse.local.cluster`). ``up --secure`` runs it with SASL_SSL, SCRAM and ACLs;
+``user add`` creates a user with the ACLs of a role there; ``acl print`` prints the
+``kafka-acls.sh`` commands that give a role the same ACLs on any cluster.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import typer
 
 from rlpulse.cli.common import ConfigFile, Prefix, fail, one_line_errors, out, say, settings
 from rlpulse.local.broker import LocalBroker
+from rlpulse.local.cluster import LocalCluster, is_cluster
 from rlpulse.transport.roles import ROLES, Role, kafka_acls_commands, role_grants
 from rlpulse.transport.users import principal
 
@@ -46,14 +48,28 @@ def broker_up(
             "(nothing is allowed without one). Add users with `rlpulse broker user add`.",
         ),
     ] = False,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Nodes of a local KRaft cluster (3: replication 3, min.insync.replicas 2); "
+            "node i on port + 2(i-1).",
+        ),
+    ] = 1,
     state_dir: StateDir = None,
     config: ConfigFile = None,
 ) -> None:
-    """Start the local broker (or report the running one)."""
-    broker = LocalBroker(
-        settings(config, {"broker.port": port}), state_dir=state_dir, secure=secure
-    )
-    info = broker.up(progress=lambda message: say(f"{message}…"))
+    """Start the local broker, or a local cluster (or report the running one)."""
+    chosen = settings(config, {"broker.port": port})
+    progress = lambda message: say(f"{message}…")  # noqa: E731
+    if nodes > 1 or (state_dir is not None and is_cluster(state_dir)):
+        if secure:
+            raise fail("--secure runs one broker; leave out --nodes")
+        record = LocalCluster(chosen, nodes, state_dir=state_dir).up(progress)
+        out.print(f"Kafka {record.kafka_version} cluster is up at [bold]{record.bootstrap}[/]")
+        return
+    broker = LocalBroker(chosen, state_dir=state_dir, secure=secure)
+    info = broker.up(progress=progress)
     out.print(f"Kafka {info.kafka_version} is up at [bold]{info.bootstrap}[/] (pid {info.pid})")
     if info.secure:
         out.print(
@@ -67,8 +83,13 @@ def broker_up(
 @broker_app.command("down")
 @one_line_errors
 def broker_down(state_dir: StateDir = None, config: ConfigFile = None) -> None:
-    """Stop the local broker: SIGTERM, then SIGKILL after 30 s."""
-    stopped = LocalBroker(settings(config), state_dir=state_dir).down()
+    """Stop the local broker (or every node of the local cluster): SIGTERM, then SIGKILL."""
+    chosen = settings(config)
+    where = state_dir or chosen.home / "broker"
+    if is_cluster(where):
+        stopped = LocalCluster(chosen, state_dir=where).down()
+    else:
+        stopped = LocalBroker(chosen, state_dir=state_dir).down()
     out.print("Kafka stopped" if stopped else "Kafka was not running")
 
 
@@ -76,7 +97,15 @@ def broker_down(state_dir: StateDir = None, config: ConfigFile = None) -> None:
 @one_line_errors
 def broker_status(state_dir: StateDir = None, config: ConfigFile = None) -> None:
     """Say whether the local broker is up and where; exit 1 if it is down."""
-    broker = LocalBroker(settings(config), state_dir=state_dir)
+    chosen = settings(config)
+    where = state_dir or chosen.home / "broker"
+    if is_cluster(where):
+        cluster = LocalCluster(chosen, state_dir=where)
+        out.print(cluster.status(), highlight=False)
+        if not cluster.running():
+            raise typer.Exit(1)
+        return
+    broker = LocalBroker(chosen, state_dir=state_dir)
     out.print(broker.status(), highlight=False)
     if broker.info() is None:
         raise typer.Exit(1)

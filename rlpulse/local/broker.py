@@ -315,6 +315,26 @@ class LocalBroker:
     def up(self, progress: Progress | None = None) -> BrokerRecord:
         """Start the broker, or return the running one; raise BrokerError with the reason."""
         say = progress or (lambda _msg: None)
+        launched = self.launch(say)
+        if isinstance(launched, BrokerRecord):
+            return launched
+        process, info = launched
+        self.wait_ready(process, info)
+        say(f"Kafka is up at {info.bootstrap}")
+        return info
+
+    def launch(
+        self,
+        progress: Progress | None = None,
+        cluster_id: str | None = None,
+        controller_port: int | None = None,
+    ) -> BrokerRecord | tuple[subprocess.Popen[bytes], BrokerRecord]:
+        """Start the broker without waiting for it: the running one's record, or the new process.
+
+        ``cluster_id`` formats a new data directory for that KRaft cluster (default: a new id);
+        ``controller_port`` replaces ``port + 1`` (:class:`~rlpulse.local.cluster.LocalCluster`).
+        """
+        say = progress or (lambda _msg: None)
         running = self.info()
         if running is not None and running.secure != self.secure:
             raise BrokerError(
@@ -339,7 +359,8 @@ class LocalBroker:
                 "(apt-get install openjdk-17-jre-headless)."
             )
         port = self.port or _free_port()
-        controller_port = port + 1 if self.port else _free_port()
+        if controller_port is None:
+            controller_port = port + 1 if self.port else _free_port()
         internal_port = port + 2 if self.port else _free_port()
         for candidate in (port, controller_port, *([internal_port] if self.secure else [])):
             if _port_in_use(candidate):
@@ -351,7 +372,7 @@ class LocalBroker:
         libs = jars.resolve(say)
         tls = self._ensure_tls(say) if self.secure else None
         config = self._write_config(port, controller_port, internal_port, tls)
-        self._format_storage(java, libs, config, say)
+        self._format_storage(java, libs, config, say, cluster_id or _kafka_cluster_id())
         secured = f" ({SECURE_MECHANISM} over TLS)" if self.secure else ""
         say(f"Starting Apache Kafka {jars.kafka_version} on 127.0.0.1:{port}{secured}")
         process = self._launch(java, libs, config)
@@ -367,9 +388,7 @@ class LocalBroker:
             ca_file=None if tls is None else str(tls.ca_file),
         )
         info.write(self.state_dir)
-        self._wait_ready(process, info)
-        say(f"Kafka is up at {info.bootstrap}")
-        return info
+        return process, info
 
     def down(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
         """Stop the recorded broker: SIGTERM, then SIGKILL after ``timeout_s``. True if one ran."""
@@ -454,11 +473,13 @@ class LocalBroker:
             *args,
         ]
 
-    def _format_storage(self, java: str, libs: Path, config: Path, say: Progress) -> None:
+    def _format_storage(
+        self, java: str, libs: Path, config: Path, say: Progress, cluster_id: str
+    ) -> None:
         if (self.state_dir / "data" / "meta.properties").exists():
             return
         say("Formatting KRaft storage")
-        arguments = [f"--cluster-id={_kafka_cluster_id()}", "-c", str(config)]  # ids may start "-"
+        arguments = [f"--cluster-id={cluster_id}", "-c", str(config)]  # ids may start "-"
         if self.secure:
             arguments += [
                 "--add-scram",
@@ -491,7 +512,8 @@ class LocalBroker:
         finally:
             console.close()
 
-    def _wait_ready(self, process: subprocess.Popen[bytes], info: BrokerRecord) -> None:
+    def wait_ready(self, process: subprocess.Popen[bytes], info: BrokerRecord) -> None:
+        """Block until the launched broker answers a metadata request; BrokerError if it exits."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -85,17 +85,19 @@ from rlpulse.streams.state_codec import register_state_codec
 from rlpulse.streams.steady_consumer import use_steady_consumer
 from rlpulse.streams.write_behind import WriteBehind, flush_in_order
 from rlpulse.transport.clients import faust_broker_options
+from rlpulse.transport.replication import Replication
 
 __all__ = ["WorkerApp", "faust_app"]
 
 log = logging.getLogger(__name__)
 
 
-def faust_app(settings: Settings) -> faust.App:
+def faust_app(settings: Settings, replication: Replication | None = None) -> faust.App:
     """The faust app of a worker (or of a benchmark agent beside it), without agents.
 
     Its data directory (and the parents of it) is created here: faust makes only the last
-    level, and a fresh machine has none of them.
+    level, and a fresh machine has none of them. The topics faust creates (changelogs, its
+    assignor's) get ``replication``'s factor (faust's default, 1, without one).
     """
     worker = settings.worker
     data_dir = settings.worker_data_dir
@@ -122,6 +124,8 @@ def faust_app(settings: Settings) -> faust.App:
         # A batch's writes to one partition leave in one produce batch.
         "producer_max_batch_size": 256 * 1024,
     }
+    if replication is not None:
+        options["topic_replication_factor"] = replication.factor
     app = faust.App(settings.worker_group, **options)
     use_steady_consumer(
         app,
@@ -171,6 +175,7 @@ class WorkerApp:
         book: RuleBook,
         registry: CollectorRegistry | None = None,
         codec: Codec | None = None,
+        replication: Replication | None = None,
     ) -> None:
         self.settings = settings
         self.codec = codec or default_codec()
@@ -180,13 +185,16 @@ class WorkerApp:
         self.book = book
         book.on_outcome = lambda outcome: self.metrics.rules_updates.labels(outcome).inc()
         book.on_refusal = lambda reason: self.metrics.rules_refused.labels(reason).inc()
-        self.app = faust_app(settings)
+        self.app = faust_app(settings, replication)
+        changelog_config = {} if replication is None else replication.topic_config()
         self.outbox = Outbox(self.app)
         state_codec = register_state_codec()
         topics = Topics(settings.prefix)
 
         def table(name: str, encoded_values: bool = False) -> WriteBehind:
-            created: Any = self.app.Table(name, partitions=settings.worker.partitions)
+            created: Any = self.app.Table(
+                name, partitions=settings.worker.partitions, extra_topic_configs=changelog_config
+            )
             # faust derives serializers from key_type/value_type; ours are plain JSON documents
             # (or those documents already encoded, see JsonValues). The changelog topic was made
             # with faust's json codec, which (with orjson installed) cannot read back the NaN

@@ -20,10 +20,12 @@ from rlpulse.settings import Settings
 from rlpulse.streams.app import WorkerApp
 from rlpulse.streams.metrics import GcPauseTimer
 from rlpulse.streams.rulebook import rule_book
+from rlpulse.transport.clients import new_admin
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
-from rlpulse.transport.topics import ensure_topics
+from rlpulse.transport.replication import Replication, fix_commands, under_replicated
+from rlpulse.transport.topics import ensure_topics, list_topics
 
-__all__ = ["run_worker", "start_up"]
+__all__ = ["run_worker", "start_up", "warn_under_replicated"]
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -34,15 +36,16 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
     deadline = Deadline(settings.worker.startup_timeout_s)
     bootstrap = wait_for_kafka(settings, deadline, say)
     topics = Topics(settings.prefix)
-    retry_until(
+    replication = retry_until(
         deadline,
         lambda: ensure_topics(settings, topics, timeout_s=max(1.0, min(30.0, deadline.left()))),
         f"the {settings.prefix}.* topics on {bootstrap}",
         say,
     )
+    warn_under_replicated(settings, topics, replication, bootstrap)
     book, follow = rule_book(settings)
     registry = CollectorRegistry()
-    worker_app = WorkerApp(settings, book, registry=registry)
+    worker_app = WorkerApp(settings, book, registry=registry, replication=replication)
     follow(deadline)  # after WorkerApp attached the book's counters: refusals at start count
     GcPauseTimer(worker_app.metrics).install()
     # faust makes several objects per message; Python's default (a young collection every
@@ -54,6 +57,38 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
         start_http_server(port, addr=settings.worker.metrics_host, registry=registry)
         say(f"metrics on http://{settings.worker.metrics_host}:{port}/metrics")
     return worker_app
+
+
+def warn_under_replicated(
+    settings: Settings, topics: Topics, replication: Replication, bootstrap: str
+) -> list[str]:
+    """Warn about every topic the worker uses with fewer replicas than it would create.
+
+    The worker's topics: rlpulse's under the prefix, and faust's (``<app id>-...``). Warns once
+    per start with the topics and Kafka's commands that fix them (a reassignment plan written
+    to the worker's data directory); returns the topics. A warning, not a refusal: the worker
+    still works, it only stops while a broker holding a single copy is down.
+    """
+    admin = new_admin(settings, "replication check")
+    metadata = list_topics(admin, 10.0)
+    mine = [*topics.all(), *(n for n in metadata if n.startswith(f"{settings.worker_group}-"))]
+    short = under_replicated(metadata, mine, replication)
+    if not short:
+        return []
+    plan = settings.worker_data_dir / "replication-plan.json"
+    brokers = [int(b) for b in admin.list_topics(timeout=10.0).brokers]
+    commands = fix_commands(short, replication, brokers, bootstrap, plan)
+    counts = ", ".join(f"{t.topic} ({min(len(r) for r in t.replicas.values())})" for t in short)
+    log.warning(
+        "%d topic(s) have fewer than %d replicas on this %d-broker cluster: %s. While a broker "
+        "holding their only copy is down, every run on their partitions stops. Fix: %s",
+        len(short),
+        replication.factor,
+        replication.brokers,
+        counts,
+        " && ".join(commands),
+    )
+    return [t.topic for t in short]
 
 
 def run_worker(settings: Settings, say: Say) -> None:

@@ -14,8 +14,15 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError
+from rlpulse.transport.replication import Replication, cluster_replication
 
-__all__ = ["delete_topics", "ensure_topics", "topic_config", "wanted_partitions"]
+__all__ = [
+    "delete_topics",
+    "ensure_topics",
+    "list_topics",
+    "topic_config",
+    "wanted_partitions",
+]
 
 
 def wanted_partitions(topics: Topics, partitions: int) -> dict[str, int]:
@@ -38,18 +45,20 @@ def ensure_topics(
     topics: Topics | None = None,
     partitions: int | None = None,
     timeout_s: float = 30.0,
-) -> None:
+) -> Replication:
     """Create the topics of ``topics`` (default: the settings' prefix) that do not exist yet.
 
     ``partitions`` defaults to ``settings.worker.partitions``. An existing topic with another
-    partition count is an error (:class:`TopicError`); returns once every topic has a
-    leader for each partition.
+    partition count is an error (:class:`TopicError`); returns, once every topic has a
+    leader for each partition, the replication new topics get on this cluster (see
+    :mod:`rlpulse.transport.replication`).
     """
     names = topics if topics is not None else Topics(settings.prefix)
     count = partitions if partitions is not None else settings.worker.partitions
     admin = new_admin(settings)
     wanted = wanted_partitions(names, count)
-    existing = _list(admin, timeout_s)
+    replication = cluster_replication(settings, admin, timeout_s)
+    existing = list_topics(admin, timeout_s)
     for name, want in wanted.items():
         if name in existing and len(existing[name].partitions) != want:
             raise TopicError(
@@ -60,8 +69,8 @@ def ensure_topics(
         NewTopic(
             name,
             num_partitions=want,
-            replication_factor=-1,
-            config=topic_config(names, name),
+            replication_factor=replication.factor,
+            config={**topic_config(names, name), **replication.topic_config()},
         )
         for name, want in wanted.items()
         if name not in existing
@@ -74,6 +83,7 @@ def ensure_topics(
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise TopicError(f"could not create topic {name}: {exc}") from exc
     wait_for_leaders(admin, wanted, timeout_s)
+    return replication
 
 
 def topic_config(topics: Topics, name: str) -> dict[str, str]:
@@ -89,7 +99,7 @@ def wait_for_leaders(admin: AdminClient, wanted: dict[str, int], timeout_s: floa
     """Block until every topic of ``wanted`` has its partitions, each with a leader."""
     deadline = time.monotonic() + timeout_s
     while True:
-        metadata = _list(admin, max(1.0, deadline - time.monotonic()))
+        metadata = list_topics(admin, max(1.0, deadline - time.monotonic()))
         if all(
             name in metadata
             and metadata[name].error is None
@@ -108,7 +118,7 @@ def wait_for_leaders(admin: AdminClient, wanted: dict[str, int], timeout_s: floa
 def delete_topics(settings: Settings, names: list[str], timeout_s: float = 10.0) -> None:
     """Delete the topics of ``names`` that exist; best effort (a leftover topic is harmless)."""
     admin = new_admin(settings)
-    existing = _list(admin, timeout_s)
+    existing = list_topics(admin, timeout_s)
     doomed = [name for name in names if name in existing]
     if not doomed:
         return
@@ -117,7 +127,8 @@ def delete_topics(settings: Settings, names: list[str], timeout_s: float = 10.0)
             future.result()
 
 
-def _list(admin: AdminClient, timeout_s: float) -> dict[str, Any]:
+def list_topics(admin: AdminClient, timeout_s: float) -> dict[str, Any]:
+    """The cluster's topics by name (confluent-kafka's ``TopicMetadata``)."""
     try:
         topics: dict[str, Any] = admin.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:

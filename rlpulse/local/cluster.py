@@ -1,0 +1,190 @@
+"""A real multi-node Apache Kafka cluster (KRaft) on 127.0.0.1, for fault tests and trials.
+
+``rlpulse broker up --nodes 3`` starts three :class:`~rlpulse.local.broker.LocalBroker` nodes
+from the same jars, each a broker and a KRaft controller (one static quorum of all nodes), in
+``<state>/node-<id>``, formatted with one cluster id. The cluster replicates like a production
+one: ``default.replication.factor`` = ``min(3, nodes)``, ``min.insync.replicas`` = 2 with three
+or more nodes, and Kafka's internal topics the same. Node ``i`` (from 1) listens on
+``port + 2 (i - 1)`` and its controller on the port after (9092/9093, 9094/9095, 9096/9097), or
+on free ports with ``port=0``. The cluster's bootstrap (every node) is recorded in
+the state directory with node 1's pid, so ``status``, ``down`` and the other commands find it.
+A node can be killed and started again (:meth:`LocalCluster.kill`, :meth:`LocalCluster.start`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Final
+
+from rlpulse.local.broker import LocalBroker
+from rlpulse.local.exceptions import BrokerError
+from rlpulse.settings import Settings
+from rlpulse.transport.bootstrap import STATE_FILE, BrokerRecord
+
+__all__ = ["LocalCluster", "is_cluster"]
+
+_NODE_PREFIX: Final = "node-"
+Progress = Callable[[str], None]
+
+
+def is_cluster(state_dir: Path) -> bool:
+    """Whether ``state_dir`` holds a :class:`LocalCluster` (rather than one broker)."""
+    return (state_dir / f"{_NODE_PREFIX}1").is_dir()
+
+
+def _free_pair() -> int:
+    """A port ``p`` with ``p`` and ``p + 1`` free on 127.0.0.1."""
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise BrokerError("found no two free neighbouring ports on 127.0.0.1")
+
+
+class LocalCluster:
+    """``nodes`` local Kafka nodes forming one KRaft cluster, their files in ``state_dir``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        nodes: int = 3,
+        state_dir: Path | None = None,
+        port: int | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise BrokerError(f"a cluster has at least one node, not {nodes}")
+        self.settings = settings
+        self.state_dir = state_dir if state_dir is not None else settings.home / "broker"
+        found = sorted(self.state_dir.glob(f"{_NODE_PREFIX}*"))
+        self.nodes = len(found) if found else nodes
+        base = settings.broker.port if port is None else port
+        self.ports = self._ports(base)
+        """Client port of each node id (1-based); the controller listens on the next port."""
+
+    def _ports(self, base: int) -> dict[int, int]:
+        recorded = {}
+        for node in range(1, self.nodes + 1):
+            info = BrokerRecord.read(self._node_dir(node)) or self._recorded(node)
+            if info is not None:
+                recorded[node] = info.port
+        if len(recorded) == self.nodes:
+            return recorded
+        if base:
+            return {node: base + 2 * (node - 1) for node in range(1, self.nodes + 1)}
+        return {node: _free_pair() for node in range(1, self.nodes + 1)}
+
+    def _recorded(self, node: int) -> BrokerRecord | None:
+        """A stopped node's record (its ports stay the node's for a restart)."""
+        path = self._node_dir(node) / "ports"
+        if not path.exists():
+            return None
+        port = int(path.read_text().strip())
+        return BrokerRecord(0, port, port + 1, f"127.0.0.1:{port}", "", "", 0)
+
+    def _node_dir(self, node: int) -> Path:
+        return self.state_dir / f"{_NODE_PREFIX}{node}"
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's client address, comma-separated."""
+        return ",".join(f"127.0.0.1:{self.ports[n]}" for n in sorted(self.ports))
+
+    def node(self, node: int) -> LocalBroker:
+        """The :class:`LocalBroker` of node ``node`` (1-based)."""
+        factor = min(3, self.nodes)
+        voters = ",".join(f"{n}@127.0.0.1:{p + 1}" for n, p in sorted(self.ports.items()))
+        overrides = {
+            "node.id": str(node),
+            "controller.quorum.voters": voters,
+            "default.replication.factor": str(factor),
+            "min.insync.replicas": str(2 if factor >= 3 else 1),
+            "offsets.topic.replication.factor": str(factor),
+            "transaction.state.log.replication.factor": str(factor),
+            "transaction.state.log.min.isr": str(2 if factor >= 3 else 1),
+            "share.coordinator.state.topic.replication.factor": str(factor),
+            "share.coordinator.state.topic.min.isr": str(2 if factor >= 3 else 1),
+        }
+        return LocalBroker(
+            self.settings,
+            state_dir=self._node_dir(node),
+            port=self.ports[node],
+            overrides=overrides,
+        )
+
+    def up(self, progress: Progress | None = None) -> BrokerRecord:
+        """Start every node that is not running, wait for all; the cluster's record."""
+        say = progress or (lambda _msg: None)
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        started = []
+        for node in range(1, self.nodes + 1):
+            broker = self.node(node)
+            say(f"node {node} of {self.nodes}: 127.0.0.1:{self.ports[node]}")
+            launched = broker.launch(say, cluster_id, controller_port=self.ports[node] + 1)
+            (self._node_dir(node) / "ports").write_text(f"{self.ports[node]}\n")
+            if not isinstance(launched, BrokerRecord):
+                started.append((broker, *launched))
+        for broker, process, info in started:
+            broker.wait_ready(process, info)
+        first = BrokerRecord.read(self._node_dir(1))
+        if first is None:
+            raise BrokerError(f"node 1 of the cluster in {self.state_dir} is not running")
+        record = replace(first, bootstrap=self.bootstrap)
+        record.write(self.state_dir)
+        say(f"Kafka cluster of {self.nodes} nodes is up at {self.bootstrap}")
+        return record
+
+    def start(self, node: int) -> None:
+        """Start node ``node`` again (after :meth:`kill` or :meth:`stop`) and wait for it."""
+        broker = self.node(node)
+        launched = broker.launch(controller_port=self.ports[node] + 1)
+        if not isinstance(launched, BrokerRecord):
+            broker.wait_ready(*launched)
+
+    def kill(self, node: int) -> None:
+        """SIGKILL node ``node`` (its data stays: :meth:`start` brings it back)."""
+        info = BrokerRecord.read(self._node_dir(node))
+        if info is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info.pid, signal.SIGKILL)
+        broker = self.node(node)
+        broker.down(timeout_s=1.0)
+
+    def stop(self, node: int) -> bool:
+        """Stop node ``node`` (SIGTERM, then SIGKILL after 30 s); whether it ran."""
+        return self.node(node).down()
+
+    def running(self) -> list[int]:
+        """The ids of the nodes whose processes are alive."""
+        return [n for n in range(1, self.nodes + 1) if BrokerRecord.read(self._node_dir(n))]
+
+    def down(self) -> bool:
+        """Stop every node; whether any ran."""
+        stopped = [self.stop(node) for node in range(1, self.nodes + 1)]
+        (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+        return any(stopped)
+
+    def status(self) -> str:
+        """One line per node: up (pid, address) or down."""
+        lines = []
+        for node in range(1, self.nodes + 1):
+            info = BrokerRecord.read(self._node_dir(node))
+            where = f"127.0.0.1:{self.ports[node]}"
+            lines.append(
+                f"node {node}: up at {where} (pid {info.pid})" if info else f"node {node}: down"
+            )
+        return "\n".join(lines)
