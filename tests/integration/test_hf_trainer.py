@@ -3,7 +3,7 @@
 As one process and as two (gloo, under torchrun): an operator's ``stop`` command
 (checkpoint, then stop) makes every rank save and stop at the same step, the ack reports
 that step, and the events of both ranks reach Kafka. Resuming from a checkpoint starts a
-new run attempt. torch and transformers come from ``ci/requirements-integrations.txt``.
+new run attempt. torch and transformers come from the ``integrations`` extra of pyproject.toml.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """verl: the ``rlpulse`` Tracking backend against real verl code, and commands on its trainer.
 
-verl 0.9.1 and its import chain come from ``ci/requirements-integrations.txt``. verl's
+verl 0.9.1 and its import chain come from the ``integrations`` extra of pyproject.toml. verl's
 trainer needs GPUs and an inference engine, so the command tests drive verl's real
 ``Tracking`` from the ``fit()`` of a stand-in trainer that has the attributes verl's v1
 ``PPOTrainer`` has and loops the way its ``fit()`` does.

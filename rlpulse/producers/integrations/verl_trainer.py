@@ -1,6 +1,6 @@
 """The ``stop``, ``checkpoint`` and ``scale_rollout_batch`` actions on verl's PPO trainer.
 
-Written against verl 0.9.1 (``ci/requirements-integrations.txt``). The trainer is the
+Written against verl 0.9.1 (the ``integrations`` extra of pyproject.toml). The trainer is the
 object whose ``fit()`` builds verl's ``Tracking``: ``PPOTrainer`` of
 ``verl/trainer/ppo/v1/trainer_base.py`` (the default, ``trainer.use_v1=true``; it has a
 ``trainer_mode``) or the legacy ``RayPPOTrainer`` of ``verl/trainer/ppo/ray_trainer.py``.
