@@ -34,6 +34,7 @@ SCRIPT = Path(__file__).parent / "hf_scripts" / "trl_per_rank.py"
 RANKS = 2
 STEPS = 3
 RUN_TIMEOUT_S = 240
+AFTER_TRAINING = "a warning after train(), when the link is closed"
 
 
 def train(trainer: str, bootstrap: str, topics: Topics, run_id: str, output: Path) -> None:
@@ -47,6 +48,7 @@ def train(trainer: str, bootstrap: str, topics: Topics, run_id: str, output: Pat
         str(SCRIPT),
         *("--bootstrap", bootstrap, "--prefix", topics.prefix, "--run-id", run_id),
         *("--output-dir", str(output), "--trainer", trainer, "--max-steps", str(STEPS)),
+        *("--after-training", AFTER_TRAINING),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
@@ -72,6 +74,7 @@ def test_each_rank_publishes_its_own_trl_metrics_and_logs(
     train(trainer, kafka_bootstrap, topics, run_id, tmp_path)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(RANKS)]
     assert all(report["hooked"] for report in reports)
+    assert [report["handlers_left"] for report in reports] == [[]] * RANKS
     pids = {report["rank"]: report["pid"] for report in reports}
 
     codec = default_codec()
@@ -148,6 +151,7 @@ def test_each_rank_publishes_its_own_trl_metrics_and_logs(
         assert [r["logger"] for r in unscored] == [f"trl.trainer.{trainer}_trainer"] * expected
         assert [r["level"] for r in unscored] == ["WARNING"] * expected
         assert [r["step"] for r in unscored] == list(range(1, expected + 1))
+        assert not [r for r in mine if AFTER_TRAINING in r["message"]]
         (completed,) = [r for r in mine if _completed(r)]
         assert (completed["logger"], completed["level"]) == ("transformers.trainer", "INFO")
         assert completed["step"] == STEPS

@@ -9,13 +9,15 @@ scores this process's completions and writes what it returned, one JSON line per
 lengths): the test's own record of the values each rank computed. It leaves the first
 completion of every call unscored (None), so TRL logs its "All reward functions returned
 None" warning (rank 0's only: TRL logs through accelerate's main-process logger). Each
-rank writes ``rank<N>.json`` (its pid) after ``train()``.
+rank then logs ``--after-training`` as a transformers warning and writes ``rank<N>.json``
+(its pid, the loggers still holding rlpulse's handler).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 from rlpulse.producers import Settings
-from rlpulse.producers.integrations.hf import RlpulseCallback
+from rlpulse.producers.integrations.hf import LOGGERS, RlpulseCallback
 
 WORDS = ["<pad>", "<eos>", "<unk>", *(f"w{i}" for i in range(61))]
 
@@ -66,6 +68,7 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--trainer", choices=["grpo", "rloo"], default="grpo")
     parser.add_argument("--max-steps", type=int, default=3)
+    parser.add_argument("--after-training", default="train() returned", help="logged then")
     options = parser.parse_args()
     rank = int(os.environ["RANK"])
     output: Path = options.output_dir
@@ -132,7 +135,16 @@ def main() -> None:
             callbacks=[callback],
         )
     trainer.train()
-    report = {"rank": rank, "pid": os.getpid(), "hooked": callback.trl is not None}
+    # The link closed at the end of train(): the handler takes itself off the loggers.
+    logging.getLogger("transformers.trainer").warning(options.after_training)
+    report = {
+        "rank": rank,
+        "pid": os.getpid(),
+        "hooked": callback.trl is not None,
+        "handlers_left": [
+            name for name in LOGGERS if callback.log_handler in logging.getLogger(name).handlers
+        ],
+    }
     (output / f"rank{rank}.json").write_text(json.dumps(report))
 
 
