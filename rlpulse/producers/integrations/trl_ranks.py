@@ -58,10 +58,11 @@ class TrlRankMetrics:
         self.kind = kind
         """Which of :data:`TRAINERS` the trainer is."""
         self._values: defaultdict[str, list[float]] = defaultdict(list)
-        self._loss = 0.0
-        self._losses = 0
+        self._loss: Any = None  # a tensor on the trainer's device: one sync per step, in take()
         self._in_step = False
         self._pending: tuple[float, float] | None = None
+        self.failed: str | None = None
+        """Why collecting stopped (a hook's error; training goes on), or None."""
 
     @classmethod
     def attach(cls, trainer: Any) -> TrlRankMetrics | None:
@@ -83,14 +84,14 @@ class TrlRankMetrics:
     def take(self) -> dict[str, float]:
         """The values collected since the last call (one optimizer step), then forget them."""
         taken: dict[str, float] = {}
-        if self._losses:
-            taken["loss"] = self._loss
+        if self._loss is not None:
+            taken["loss"] = float(self._loss)
         for name, values in self._values.items():
             valid = [value for value in values if not math.isnan(value)]
             if valid:
                 taken[name] = sum(valid) / len(valid)
         self._values.clear()
-        self._loss, self._losses = 0.0, 0
+        self._loss = None
         return taken
 
     # -- hooks ------------------------------------------------------------------------
@@ -103,7 +104,7 @@ class TrlRankMetrics:
         accelerator = trainer.accelerator
         accelerator.reduce = self._around_reduce(accelerator.reduce)
         train = trainer._metrics["train"]
-        noted = _NotedMetrics(self._appended)
+        noted = _NotedMetrics(lambda name, value: self._safely(self._appended, name, value))
         for name, values in train.items():
             noted[name].extend(values)
         trainer._metrics["train"] = noted
@@ -115,11 +116,14 @@ class TrlRankMetrics:
                 loss = step(*args, **kwargs)
             finally:
                 self._in_step, self._pending = False, None
-            self._loss += float(loss)
-            self._losses += 1
+            self._safely(self._add_loss, loss)
             return loss
 
         return training_step
+
+    def _add_loss(self, loss: Any) -> None:
+        micro = loss.detach()
+        self._loss = micro if self._loss is None else self._loss + micro
 
     def _after(
         self, method: Callable[..., Any], note: Callable[[tuple[Any, ...], Any], None]
@@ -127,7 +131,7 @@ class TrlRankMetrics:
         def hooked(*args: Any, **kwargs: Any) -> Any:
             result = method(*args, **kwargs)
             if self._in_step:
-                note(args, result)
+                self._safely(note, args, result)
             return result
 
         return hooked
@@ -165,13 +169,25 @@ class TrlRankMetrics:
     def _around_reduce(self, reduce: Callable[..., Any]) -> Callable[..., Any]:
         def hooked(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
             pair = self._in_step and reduction == "sum" and _is_pair(tensor)
-            local = _ratio(tensor) if pair else None
+            local = self._safely(_ratio, tensor) if pair else None
             result = reduce(tensor, reduction=reduction, scale=scale)
             if local is not None and _is_pair(result):
-                self._pending = (local, _ratio(result))
+                reduced = self._safely(_ratio, result)
+                self._pending = None if reduced is None else (local, reduced)
             return result
 
         return hooked
+
+    def _safely(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)``, or None once a hook failed: telemetry never stops training."""
+        if self.failed is not None:
+            return None
+        try:
+            return work(*args)
+        except Exception as error:
+            self.failed = f"{type(error).__name__}: {error}"
+            log.warning("rlpulse: per-rank TRL metrics stop here: %s", self.failed, exc_info=True)
+            return None
 
     def _appended(self, name: str, value: object) -> None:
         """TRL appended ``value`` to ``_metrics["train"][name]``."""
