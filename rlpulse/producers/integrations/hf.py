@@ -323,7 +323,10 @@ class _LinkLogHandler(EventHandler):
     def detach(self) -> None:
         """Remove this handler from :data:`LOGGERS`."""
         for name in LOGGERS:
-            logging.getLogger(name).removeHandler(self)
+            logger = logging.getLogger(name)
+            # A new list, not removeHandler's in-place remove: emit() detaches while the
+            # logger iterates its handlers, and the handler after this one must still run.
+            logger.handlers = [handler for handler in logger.handlers if handler is not self]
 
 
 def _calling_trainer(callback: TrainerCallback) -> Trainer | None:

@@ -228,6 +228,8 @@ class _NotedMetrics(defaultdict[str, list[Any]]):
 
 def _trl_kind(trainer: Any) -> str | None:
     """Which of :data:`TRAINERS` ``trainer`` is, if trl is a tested version; else None."""
+    if not any(kind.__module__.startswith("trl.") for kind in type(trainer).__mro__):
+        return None  # a plain Trainer: trl (its trainers are heavy imports) stays unimported
     try:
         import trl
     except ImportError:
