@@ -177,6 +177,11 @@ class RunLink:
             sampled_out=sampled_out,
         )
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self.events.closed
+
     def run_start(self, step: int = 0) -> None:
         """Publish a ``run_start`` event; see :meth:`EventLogger.run_start`."""
         if self.system is not None:

@@ -169,6 +169,11 @@ class EventLogger:
         self._seq = 0
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (``log()`` then raises ``ProducerClosedError``)."""
+        return self._closed
+
+    @property
     def logged(self) -> int:
         """Events accepted by ``log()`` (the next ``seq``)."""
         return self._seq

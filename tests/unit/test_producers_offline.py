@@ -153,13 +153,22 @@ def test_bad_arguments_are_refused_with_their_context() -> None:
 
 def test_use_after_close_is_an_error() -> None:
     logger = EventLogger("run-a", settings=unreachable())
+    assert not logger.closed
     logger.close()
+    assert logger.closed
     with pytest.raises(ProducerClosedError):
         logger.log({"loss": 1.0}, step=0)
     client = ControlClient("run-a", settings=unreachable())
     client.close()
     with pytest.raises(ProducerClosedError):
         client.poll()
+
+
+def test_a_link_says_when_it_is_closed() -> None:
+    link = RunLink("run-a", settings=unreachable())
+    assert not link.closed
+    link.close()
+    assert link.closed and link.events.closed
 
 
 def test_poll_with_unreachable_broker_never_waits_for_start_up() -> None:

@@ -8,6 +8,8 @@ importing this package (or :mod:`rlpulse.producers`) imports none of them:
   target of ``stop``, ``checkpoint`` and ``scale_rollout_batch``;
 - :mod:`~rlpulse.producers.integrations.hf`: ``RlpulseCallback``, a
   ``transformers.TrainerCallback`` (TRL's trainers are ``Trainer`` subclasses);
+- :mod:`~rlpulse.producers.integrations.trl_ranks`: each rank's own values of the metrics
+  TRL's GRPO and RLOO trainers reduce across processes (hooked by ``RlpulseCallback``);
 - :mod:`~rlpulse.producers.integrations.torch_dist`: the ``torch.distributed`` broadcast
   that hands rank 0's commands to every rank;
 - :mod:`~rlpulse.producers.integrations.commands`: applying a command's actions in a

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["TRL_NAMES", "VERL_NAMES", "CanonicalName", "canonical_metrics"]
+__all__ = ["TRL_NAMES", "VERL_NAMES", "CanonicalName", "canonical_metrics", "with_seed_names"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +69,23 @@ TRL_NAMES: Final = (
     CanonicalName("throughput_tokens_per_sec", "trainer", ("train_tokens_per_second",)),
 )
 """TRL's (GRPO, RLOO, PPO) and the Hugging Face ``Trainer``'s names for the seed metrics."""
+
+
+def with_seed_names(
+    metrics: Mapping[str, float], names: tuple[CanonicalName, ...]
+) -> dict[str, float]:
+    """``metrics`` and, beside them, the seed's names for those of ``names`` it carries.
+
+    For one rank's own metrics, published in a stage of their own: the seed's names stay in
+    that stage (their world size is the rank's), so the exporter's per-rank seed gauges
+    (``<namespace>_kl_divergence{rank=...}``) show every rank.
+    """
+    seed = {
+        name: value
+        for stage_values in canonical_metrics(metrics, names).values()
+        for name, value in stage_values.items()
+    }
+    return {**metrics, **seed}
 
 
 def canonical_metrics(

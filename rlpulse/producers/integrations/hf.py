@@ -16,6 +16,20 @@ across ranks) as stage ``trainer`` with world size 1; every rank publishes its o
 ``step_time_s`` each optimizer step as stage ``rank`` with world size = the number of
 processes.
 
+TRL: with a ``GRPOTrainer`` or ``RLOOTrainer`` (trl 1.16), every rank also publishes, each
+optimizer step, the values it computed itself before TRL reduced them across processes
+(``reward``, ``kl``, ``loss``, ``completions/mean_length``, ...; see
+:mod:`~rlpulse.producers.integrations.trl_ranks`) as stage ``trl_rank``, world size = the
+number of processes, and the events are tagged ``framework: trl``. Its own stage: the
+worker joins one event per rank per (stage, step), and a ``trl_rank`` summary (the spread
+of one metric across ranks) is a different thing from the reduced ``trainer`` values and
+from the ``rank`` step times that every Trainer has.
+
+Text logs: on every rank the records of the ``transformers`` and ``trl`` loggers (at the
+levels those loggers are set to: ``log_level`` / ``log_level_replica`` of the
+``TrainingArguments``) go to ``<prefix>.logs`` with the run, rank, host, pid and the step
+being trained, from ``on_train_begin`` until the link closes (``capture_logs=False``: not).
+
 Commands, at the end of each optimizer step (``on_step_end``, on every rank): rank 0
 polls, :func:`~rlpulse.producers.integrations.torch_dist.torch_broadcast` hands the same
 commands to every rank, and each rank sets the same ``TrainerControl`` flags:
@@ -31,16 +45,27 @@ checkpoint records the attempt that saved it (``rlpulse_attempt.json``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 from rlpulse.producers.bus import Broadcast
 from rlpulse.producers.exceptions import InvalidValueError
-from rlpulse.producers.integrations.canonical import TRL_NAMES, canonical_metrics
+from rlpulse.producers.integrations.canonical import (
+    TRL_NAMES,
+    canonical_metrics,
+    with_seed_names,
+)
 from rlpulse.producers.integrations.commands import (
     ActionHandler,
     ActionResult,
@@ -51,7 +76,9 @@ from rlpulse.producers.integrations.commands import (
 from rlpulse.producers.integrations.exceptions import ActionRejectedError, IntegrationError
 from rlpulse.producers.integrations.metrics import numeric_metrics
 from rlpulse.producers.integrations.torch_dist import torch_broadcast
+from rlpulse.producers.integrations.trl_ranks import TrlRankMetrics
 from rlpulse.producers.link import RunLink
+from rlpulse.producers.logging_handler import EventHandler
 from rlpulse.schemas.records import Action, ControlCommand
 from rlpulse.settings import Settings
 
@@ -59,6 +86,12 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "checkpoint"
 """The Trainer's checkpoint folder prefix (``transformers.trainer_utils.PREFIX_CHECKPOINT_DIR``)."""
+
+LOGGERS = ("transformers", "trl")
+"""The loggers whose records ``capture_logs`` publishes (and their children's)."""
+
+_TRAINER_FRAMES = 8
+"""How far up the stack ``on_train_begin`` looks for the Trainer that called it."""
 
 
 class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is not type-checked
@@ -71,6 +104,8 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     without a process group). ``seed_names`` (default on) also publishes TRL's metrics under the
     seed's names (``reward`` as ``reward_mean`` in stage ``rollout``, ``kl`` as
     ``kl_divergence`` ...), so the default rules and the exporter's seed gauges act on the run.
+    ``trl_stage`` is the stage of a TRL trainer's per-rank metrics; ``capture_logs``
+    publishes the ``transformers`` and ``trl`` log records.
     """
 
     def __init__(
@@ -81,17 +116,26 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         tags: dict[str, str] | None = None,
         stage: str = "trainer",
         rank_stage: str = "rank",
+        trl_stage: str = "trl_rank",
         poll_every_steps: int = 1,
         broadcast: Broadcast = torch_broadcast,
         seed_names: bool = True,
+        capture_logs: bool = True,
     ) -> None:
         if poll_every_steps < 1:
             raise InvalidValueError("poll_every_steps", poll_every_steps, "an int >= 1")
         self.run_id = run_id
         self.settings = settings if settings is not None else Settings()
         self.tags = {"framework": "transformers", **(tags or {})}
+        self._framework_given = "framework" in (tags or {})
         self.stage = stage
         self.rank_stage = rank_stage
+        self.trl_stage = trl_stage
+        self.capture_logs = capture_logs
+        self.trl: TrlRankMetrics | None = None
+        """The per-rank metrics of the TRL trainer trained, from ``on_train_begin`` on."""
+        self.log_handler: _LinkLogHandler | None = None
+        """The handler on :data:`LOGGERS`, from ``on_train_begin`` on (``capture_logs``)."""
         self.poll_every_steps = poll_every_steps
         self.broadcast = broadcast
         self.seed_names = seed_names
@@ -107,28 +151,47 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
     ) -> None:
-        """Open the link (a new attempt when resuming); rank 0 publishes ``run_start``."""
+        """Open the link (a new attempt when resuming); rank 0 publishes ``run_start``.
+
+        A TRL trainer that called it gets its per-rank hooks; the log handler goes on.
+        """
+        trainer = _calling_trainer(self)
+        self.trl = TrlRankMetrics.attach(trainer) if trainer is not None else None
+        if self.trl is not None and not self._framework_given:
+            self.tags["framework"] = "trl"
         self.link = self._open(args, state)
         self.stopped_by = None
+        if self.capture_logs:
+            self._capture_logs(self.link, int(state.global_step))
         if self.link.rank == 0:
             self.link.run_start(state.global_step)
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
     ) -> None:
-        """Start timing the optimizer step."""
+        """Start timing the optimizer step; log records from now on belong to the next step."""
         self._step_started = time.perf_counter()
+        if self.log_handler is not None:
+            self.log_handler.last_step = int(state.global_step) + 1
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
     ) -> None:
-        """Publish this rank's step time; apply the commands rank 0 polled, on every rank."""
+        """Publish this rank's step time (and TRL metrics); apply rank 0's commands everywhere."""
         link = self._require_link()
         step = int(state.global_step)
         if self._step_started is not None:
             elapsed = time.perf_counter() - self._step_started
             link.log({"step_time_s": elapsed}, step, self.rank_stage)
             self._step_started = None
+        if self.trl is not None:
+            own = self.trl.take()
+            if own:
+                link.log(
+                    with_seed_names(own, TRL_NAMES) if self.seed_names else own,
+                    step,
+                    self.trl_stage,
+                )
         if step % self.poll_every_steps:
             return
         for command in link.poll_commands():
@@ -240,6 +303,16 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
                 command, outcome.status, applied_at_step=step, detail=outcome.detail
             )
 
+    def _capture_logs(self, link: RunLink, step: int) -> None:
+        """Put a handler publishing through ``link`` on :data:`LOGGERS` (replacing this one's)."""
+        if self.log_handler is not None:
+            self.log_handler.detach()
+        handler = _LinkLogHandler(link, stage=self.stage)
+        handler.last_step = step
+        for name in LOGGERS:
+            logging.getLogger(name).addHandler(handler)
+        self.log_handler = handler
+
     def _require_link(self) -> RunLink:
         if self.link is None:
             raise IntegrationError("RlpulseCallback: the Trainer has not called on_train_begin")
@@ -254,6 +327,45 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
                 detail = {**detail, "reason": f"no checkpoint was written at step {step}"}
             link.ack(command, status, applied_at_step=step, detail=detail)
         self._awaiting_save.clear()
+
+
+class _LinkLogHandler(EventHandler):
+    """An :class:`EventHandler` on :data:`LOGGERS` that takes itself off once its link closed."""
+
+    def __init__(self, link: RunLink, *, stage: str) -> None:
+        super().__init__(link, stage=stage)
+        self.link = link
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Publish ``record`` while the link is open."""
+        if self.link.closed:
+            self.detach()
+            return
+        super().emit(record)
+
+    def detach(self) -> None:
+        """Remove this handler from :data:`LOGGERS`."""
+        for name in LOGGERS:
+            logger = logging.getLogger(name)
+            # A new list, not removeHandler's in-place remove: emit() detaches while the
+            # logger iterates its handlers, and the handler after this one must still run.
+            logger.handlers = [handler for handler in logger.handlers if handler is not self]
+
+
+def _calling_trainer(callback: TrainerCallback) -> Trainer | None:
+    """The ``Trainer`` up the stack whose callbacks hold ``callback`` (the one training now)."""
+    frame = inspect.currentframe()
+    try:
+        for _ in range(_TRAINER_FRAMES):
+            if frame is None:
+                break
+            candidate = frame.f_locals.get("self")
+            if isinstance(candidate, Trainer) and callback in candidate.callback_handler.callbacks:
+                return candidate
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
 
 
 def _checkpoint_dir(args: TrainingArguments, step: int) -> Path:
