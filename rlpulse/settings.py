@@ -149,6 +149,14 @@ class ProducerSettings(_Section):
     control_lookback_s: float = Field(
         default=3600, gt=0, description="How far back the control client reads at start."
     )
+    scale_max_age_steps: int | None = Field(
+        default=10,
+        ge=0,
+        description=(
+            "A rule's scale_rollout_batch polled this many steps after the step it was issued "
+            "for is acked rejected (expired), not applied; unset: never. Stops never expire."
+        ),
+    )
     delivery_timeout_s: float = Field(
         default=60,
         gt=0,
@@ -245,6 +253,11 @@ class WorkerSettings(JoinerSettings):
     )
     commit_interval_s: float = Field(
         default=2.8, gt=0, description="How often offsets of processed messages are committed."
+    )
+    publish_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A summary, command or state write not delivered this long ends the worker.",
     )
     stall_after_s: float = Field(
         default=300.0,

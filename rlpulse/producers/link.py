@@ -15,10 +15,35 @@ from rlpulse.producers.system import SystemSampler
 from rlpulse.schemas.records import AckStatus, ControlCommand, EventKind
 from rlpulse.settings import Settings
 
+EXPIRED_CHECK = "expired"
+"""``detail["check"]`` of a rule's command acked ``rejected`` because it came too late."""
+
 
 def stops(command: ControlCommand) -> bool:
     """Whether ``command`` has a ``stop`` action."""
     return any(action["type"] == "stop" for action in command["actions"])
+
+
+def expiry(command: ControlCommand, step: int, max_age_steps: int | None) -> str | None:
+    """Why a rule's scaling ``command`` polled at ``step`` is too old to apply; None if it is not.
+
+    A rule decides to scale the batch on the window it saw at the command's step; applied many
+    steps later (after a stall of the pipeline, when commands queued up arrive in one poll),
+    that decision is stale and several of them would compound. Only commands from rules whose
+    actions are all ``scale_rollout_batch`` expire: a stop or a checkpoint stays as valid late
+    as it was on time, and an operator's command is meant for the next step.
+    """
+    if max_age_steps is None or command["origin"] != "rule" or command["step"] < 0:
+        return None
+    if any(action["type"] != "scale_rollout_batch" for action in command["actions"]):
+        return None
+    age = step - command["step"]
+    if age <= max_age_steps:
+        return None
+    return (
+        f"issued for step {command['step']}, polled at step {step}: {age} steps old, more than "
+        f"producer.scale_max_age_steps={max_age_steps}"
+    )
 
 
 class RunLink:
@@ -194,18 +219,38 @@ class RunLink:
             self.system.stop()
         self.events.run_end(step)
 
-    def poll_commands(self, timeout_s: float = 0.0) -> list[ControlCommand]:
+    def poll_commands(
+        self, timeout_s: float = 0.0, *, step: int | None = None
+    ) -> list[ControlCommand]:
         """New commands for this run attempt, the same list on every rank.
 
         Rank 0 polls (see :meth:`ControlClient.poll`; ``timeout_s`` applies there)
         and the broadcast hands its list to every rank: call it on all ranks at the
         same point of the same step. Ranks other than 0 need a broadcast function.
+
+        With ``step`` (the step the loop is at), a rule's ``scale_rollout_batch`` issued more
+        than ``producer.scale_max_age_steps`` steps earlier is not returned: rank 0 acks it
+        ``rejected`` with ``check=expired`` and the reason (see :func:`expiry`).
         """
         control = self.control
         commands = self.bus.commands(None if control is None else lambda: control.poll(timeout_s))
+        if step is not None:
+            commands = self._drop_expired(commands, step)
         if self.stop_command is None:
             self.stop_command = next((c for c in commands if stops(c)), None)
         return commands
+
+    def _drop_expired(self, commands: list[ControlCommand], step: int) -> list[ControlCommand]:
+        max_age = self.settings.producer.scale_max_age_steps
+        kept = []
+        for command in commands:
+            why = expiry(command, step, max_age)
+            if why is None:
+                kept.append(command)
+            else:
+                detail = {"check": EXPIRED_CHECK, "reason": why}
+                self.ack(command, "rejected", applied_at_step=step, detail=detail)
+        return kept
 
     def ack(
         self,

@@ -60,9 +60,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from typing import Any, NoReturn
 
 import faust
 from faust.types import TP
@@ -87,7 +88,7 @@ from rlpulse.streams.write_behind import WriteBehind, flush_in_order
 from rlpulse.transport.clients import faust_broker_options
 from rlpulse.transport.replication import Replication
 
-__all__ = ["WorkerApp", "faust_app"]
+__all__ = ["EXIT_PUBLISH_FAILED", "WorkerApp", "fail_fast", "faust_app"]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ def faust_app(settings: Settings, replication: Replication | None = None) -> fau
         "broker_commit_every": worker.commit_every,
         "broker_commit_interval": worker.commit_interval_s,
         "stream_processing_timeout": worker.stall_after_s,
+        "producer_request_timeout": worker.publish_timeout_s,
         "datadir": str(data_dir),
         "store": "memory://",
         "key_serializer": "raw",
@@ -133,6 +135,28 @@ def faust_app(settings: Settings, replication: Replication | None = None) -> fau
         pause_on_busy_buffer=worker.pause_on_busy_buffer,
     )
     return app
+
+
+EXIT_PUBLISH_FAILED = 75
+"""The worker's exit status when a write failed (``EX_TEMPFAIL``: a supervisor restarts it)."""
+
+
+def fail_fast(exc: BaseException) -> NoReturn:
+    """End the process at once after a failed publish or state write; never returns.
+
+    faust would restart the agent inside the process, whose tables and write-behind are then
+    ahead of what was published; a new process recovers from the changelogs instead, the path
+    the crash-order argument of docs/design.md covers (as after a SIGKILL).
+    """
+    log.critical(
+        "a summary, command or state write failed (%s: %s); the worker exits with status %d so "
+        "that its restart recovers from the changelogs",
+        type(exc).__name__,
+        exc,
+        EXIT_PUBLISH_FAILED,
+    )
+    logging.shutdown()
+    os._exit(EXIT_PUBLISH_FAILED)
 
 
 async def batches(stream: Any, settings: Settings) -> AsyncIterator[list[Any]]:
@@ -241,28 +265,35 @@ class WorkerApp:
 
     async def _join_agent(self, stream: Any) -> None:
         async for events in batches(stream, self.settings):
-            deliveries: list[Awaitable[Any]] = []
-            for event in events:
-                message = event.message
-                for view in self._tables:
-                    view.partition = message.partition
-                if message.partition not in self._owned:
-                    self._take_over(message.partition)
-                if message.topic == self.ticks_name:
-                    if not await self._may_expire(message.partition):
-                        self.metrics.ticks_deferred.inc()
-                        continue
-                    released = self._on_tick(message.partition)
-                elif await self._admit(message):
-                    released = await self._on_event(message, deliveries)
-                else:
+            try:
+                await self._join_batch(events)
+            except Exception as exc:  # a failed send or write ends the process (fail_fast)
+                fail_fast(exc)
+
+    async def _join_batch(self, events: list[Any]) -> None:
+        """Join a batch, publish what it released, then make the state durable, in that order."""
+        deliveries: list[Awaitable[Any]] = []
+        for event in events:
+            message = event.message
+            for view in self._tables:
+                view.partition = message.partition
+            if message.partition not in self._owned:
+                self._take_over(message.partition)
+            if message.topic == self.ticks_name:
+                if not await self._may_expire(message.partition):
+                    self.metrics.ticks_deferred.inc()
                     continue
-                for item in released:
-                    deliveries += await self._publish(item, message)
-            await asyncio.gather(*deliveries)
-            await flush_in_order(
-                [self.rule_state], [self.groups, self.runs, self.partition_stages], [self.stages]
-            )
+                released = self._on_tick(message.partition)
+            elif await self._admit(message):
+                released = await self._on_event(message, deliveries)
+            else:
+                continue
+            for item in released:
+                deliveries += await self._publish(item, message)
+        await asyncio.gather(*deliveries)
+        await flush_in_order(
+            [self.rule_state], [self.groups, self.runs, self.partition_stages], [self.stages]
+        )
 
     async def _on_event(self, message: Any, deliveries: list[Awaitable[Any]]) -> list[Released]:
         """Join one event; a refused one is dead-lettered (its delivery added to ``deliveries``)."""

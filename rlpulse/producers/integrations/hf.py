@@ -194,7 +194,7 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
                 )
         if step % self.poll_every_steps:
             return
-        for command in link.poll_commands():
+        for command in link.poll_commands(step=step):
             self._apply(command, args, step, control)
 
     def on_save(

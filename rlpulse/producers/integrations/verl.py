@@ -191,7 +191,7 @@ class RlpulseBackend:
         for stage, metrics in self.settings.split(data).items():
             self.link.log(metrics, step, stage, world_size=1)
         self.last_step = step
-        for command in self.link.poll_commands():
+        for command in self.link.poll_commands(step=step):
             outcome = apply_command(command, self._handlers())
             due = step
             if self.actions is not None and self.actions.last_step is not None:
