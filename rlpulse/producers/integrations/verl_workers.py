@@ -46,7 +46,7 @@ from types import ModuleType
 from typing import Any
 
 from rlpulse.producers.integrations.after_import import when_imported
-from rlpulse.producers.integrations.metrics import number, numeric_metrics
+from rlpulse.producers.integrations.metrics import number
 from rlpulse.producers.logger import EventLogger
 from rlpulse.producers.logging_handler import EventHandler
 from rlpulse.settings import load_settings
@@ -201,6 +201,38 @@ def take_context(data: Any) -> RunContext | None:
     return RunContext.from_value(tu.pop(data, key=CONTEXT_KEY, default=None))
 
 
+def _number(value: object) -> float | None:
+    """``number(value)``, without its slow protocol check for the floats verl hands over."""
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return float(value)
+    return number(value)
+
+
+def _numbers(items: Any) -> list[float]:
+    """The numbers among ``items`` as floats (verl's are floats already: the fast path)."""
+    try:
+        return [float(item) for item in items if not isinstance(item, str | bytes)]
+    except (TypeError, ValueError, RuntimeError):
+        return [n for n in map(_number, items) if n is not None]
+
+
+def _aggregate(metric: Any) -> float | None:
+    """A verl ``Metric``'s ``aggregate()`` (mean, sum, min or max), without numpy's overhead."""
+    items = _numbers(metric.values)
+    if not items:
+        return None
+    kind = getattr(metric.aggregation, "value", metric.aggregation)
+    if kind == "mean":
+        return sum(items) / len(items)
+    if kind == "sum":
+        return sum(items)
+    if kind == "min":
+        return min(items)
+    if kind == "max":
+        return max(items)
+    return _number(metric.aggregate())
+
+
 def rank_values(metrics: Mapping[str, Any]) -> dict[str, list[float]]:
     """One rank's values of one mini-batch, before verl gathers them across ranks.
 
@@ -210,13 +242,13 @@ def rank_values(metrics: Mapping[str, Any]) -> dict[str, list[float]]:
     """
     values: dict[str, list[float]] = {}
     for name, value in metrics.items():
-        if hasattr(value, "aggregate") and hasattr(value, "values"):
-            found = number(value.aggregate()) if value.values else None
+        if hasattr(value, "aggregation") and hasattr(value, "values"):
+            found = _aggregate(value)
             items = [] if found is None else [found]
         elif isinstance(value, list | tuple):
-            items = [n for n in map(number, value) if n is not None]
+            items = _numbers(value)
         else:
-            found = number(value)
+            found = _number(value)
             items = [] if found is None else [found]
         if items:
             values[name] = items
@@ -327,22 +359,24 @@ def _collect(worker: Any, output: Mapping[str, Any]) -> dict[str, list[float]] |
     if not worker.engine.is_mp_src_rank_with_outputs():
         return None
     values = rank_values(output.get("metrics") or {})
-    losses = [n for n in map(number, output.get("loss") or []) if n is not None]
+    losses = _numbers(output.get("loss") or [])
     if losses:
         values["loss"] = [sum(losses)]  # this rank's share, before the all-reduce
     return values
 
 
-def _add_ungathered(values: dict[str, list[float]], result: Any) -> None:
+def add_ungathered(values: dict[str, list[float]], result: Any) -> None:
     """Add what ``_postprocess_output`` computed per rank or globally (grad_norm, perf/...)."""
     from verl.utils import tensordict_utils as tu
 
     final = tu.get(result, "metrics") if result is not None else None
     if not isinstance(final, Mapping):
         return
-    for name, value in numeric_metrics(final).items():
+    for name, value in final.items():
         if name not in values:
-            values[name] = [value]
+            found = _number(value)
+            if found is not None:
+                values[name] = [found]
 
 
 def _patch_workers(module: ModuleType) -> None:
@@ -364,7 +398,7 @@ def _patch_workers(module: ModuleType) -> None:
         result = original_post(self, output, *args, **kwargs)
         if values is not None and collecting is not None:
             try:
-                _add_ungathered(values, result)
+                add_ungathered(values, result)
                 collecting.append(values)
             except Exception:
                 _failed("reading a rank's metrics")
