@@ -211,7 +211,7 @@ def _number(value: object) -> float | None:
 def _numbers(items: Any) -> list[float]:
     """The numbers among ``items`` as floats (verl's are floats already: the fast path)."""
     try:
-        return [float(item) for item in items if not isinstance(item, str | bytes)]
+        return list(map(float, items))
     except (TypeError, ValueError, RuntimeError):
         return [n for n in map(_number, items) if n is not None]
 
@@ -242,6 +242,9 @@ def rank_values(metrics: Mapping[str, Any]) -> dict[str, list[float]]:
     """
     values: dict[str, list[float]] = {}
     for name, value in metrics.items():
+        if isinstance(value, float):
+            values[name] = [float(value)]
+            continue
         if hasattr(value, "aggregation") and hasattr(value, "values"):
             found = _aggregate(value)
             items = [] if found is None else [found]
