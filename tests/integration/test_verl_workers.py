@@ -1,8 +1,9 @@
 """Each data-parallel rank's metrics and log records, from inside verl 0.9.1's real workers.
 
 Two gloo ranks, each a process running :mod:`tests.integration.verl_rank`: verl's
-``ActorRolloutRefWorker(role="actor")`` on a tiny randomly initialised Qwen2, updated
-twice through verl's ``RayPPOTrainer._update_actor``. verl loads rlpulse's plugin as it
+``ActorRolloutRefWorker(role="actor")`` and its critic (a value-model ``TrainingWorker``)
+on a tiny randomly initialised Qwen2, updated twice through verl's
+``RayPPOTrainer._update_critic`` and ``_update_actor``. verl loads rlpulse's plugin as it
 loads any (``VERL_USE_EXTERNAL_MODULES``), after the CPU harness
 (:mod:`tests.integration.verl_cpu`). A real rlpulse worker joins the ranks.
 """
@@ -35,10 +36,14 @@ pytestmark = pytest.mark.broker
 
 REPO = Path(__file__).resolve().parents[2]
 RANKS = 2
-STAGE = "actor_dp"
+ROLES = ("actor", "critic")
 RANK_TIMEOUT_S = 300
 # Mean-type metrics: the driver's number is the mean of the ranks' (equal shares).
-MEAN_METRICS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss")
+MEAN_METRICS = {
+    "actor": ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss"),
+    "critic": ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"),
+}
+SPREAD = {"actor": "actor/ppo_kl", "critic": "critic/vpred_mean"}
 
 
 def tiny_qwen2(directory: Path) -> Path:
@@ -64,7 +69,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def expected_rank_values(local: list[dict[str, Any]]) -> dict[str, float]:
+def expected_rank_values(local: list[dict[str, Any]], role: str) -> dict[str, float]:
     """A rank's values of one step from what it handed to verl's all-gather (per mini-batch).
 
     A verl ``Metric`` is reduced by its own aggregation (sum or mean of its micro-batches),
@@ -82,9 +87,8 @@ def expected_rank_values(local: list[dict[str, Any]]) -> dict[str, float]:
                 values[name] = [float(v) for v in value]
         minibatches.append(values)
     reduced = reduce_rank(minibatches)
-    return {
-        name if name.startswith("actor/") else f"actor/{name}": v for name, v in reduced.items()
-    }
+    prefix = f"{role}/"
+    return {name if name.startswith(prefix) else prefix + name: v for name, v in reduced.items()}
 
 
 def driver_value(value: float | list[float]) -> float:
@@ -163,14 +167,14 @@ def test_each_rank_publishes_its_own_metrics_and_logs(
             kafka_bootstrap,
             topics.events,
             codec.decode_event,
-            lambda found: len(found) >= RANKS * STEPS,
+            lambda found: len(found) >= len(ROLES) * RANKS * STEPS,
             keep=lambda event: event["run_id"] == run_id and event["kind"] == "metrics",
         )
         summaries: list[StepSummary] = read_until(
             kafka_bootstrap,
             topics.steps,
             codec.decode_summary,
-            lambda found: {s["step"] for s in found} >= set(range(1, STEPS + 1)),
+            lambda found: len({(s["stage"], s["step"]) for s in found}) >= len(ROLES) * STEPS,
             keep=lambda summary: summary["run_id"] == run_id,
             timeout_s=90.0,
         )
@@ -191,67 +195,74 @@ def test_each_rank_publishes_its_own_metrics_and_logs(
     pids = {rank["rank"]: rank["pid"] for rank in ranks}
     assert len(set(pids.values())) == RANKS
 
-    # One event per rank per step, from that rank's process, in the driver's step.
-    assert sorted((e["step"], e["rank"]) for e in events) == [
-        (step, rank) for step in range(1, STEPS + 1) for rank in range(RANKS)
+    # One event per role, rank and step, from that rank's process, in the driver's step.
+    assert sorted((e["stage"], e["step"], e["rank"]) for e in events) == [
+        (f"{role}_dp", step, rank)
+        for role in ROLES
+        for step in range(1, STEPS + 1)
+        for rank in range(RANKS)
     ]
     for event in events:
-        assert event["stage"] == STAGE
+        role = event["stage"].removesuffix("_dp")
         assert event["world_size"] == RANKS
-        assert event["tags"] == {"role": "actor", "framework": "verl"}
+        assert event["tags"] == {"role": role, "framework": "verl"}
         assert event["pid"] == pids[event["rank"]]
         assert event["hostname"] == socket.gethostname()
 
-    by_key = {(e["step"], e["rank"]): e["metrics"] for e in events}
-    for rank in ranks:
-        for step in rank["steps"]:
-            published = by_key[(step["step"], rank["rank"])]
-            expected = expected_rank_values(step["local"])
-            # Every name the rank handed to the all-gather, with the rank's own value.
-            for name, value in expected.items():
-                assert published[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
-            # Names as the driver shows them, and the ones verl never gathers.
-            assert set(published) >= {
-                "actor/pg_loss",
-                "actor/loss",
-                "actor/grad_norm",
-                "actor/perf/max_memory_allocated_gb",
-                "actor/perf/cpu_memory_used_gb",
-                "perf/mfu/actor",
-            }
-            driver_norm = driver_value(step["driver"]["actor/grad_norm"])
-            assert published["actor/grad_norm"] == pytest.approx(driver_norm)
-    for step in range(1, STEPS + 1):
-        values = [by_key[(step, rank)] for rank in range(RANKS)]
-        driver = ranks[0]["steps"][step - 1]["driver"]
-        assert values[0]["actor/ppo_kl"] != values[1]["actor/ppo_kl"]  # each rank its own
-        for name in MEAN_METRICS:
-            reduced = driver_value(driver[name])
-            assert statistics.fmean(v[name] for v in values) == pytest.approx(reduced, rel=1e-6)
+    by_key = {(e["stage"], e["step"], e["rank"]): e["metrics"] for e in events}
+    for role in ROLES:
+        for rank in ranks:
+            for step in rank["steps"]:
+                published = by_key[(f"{role}_dp", step["step"], rank["rank"])]
+                seen = step[role]
+                # Every name the rank handed to the all-gather, with the rank's own value.
+                for name, value in expected_rank_values(seen["local"], role).items():
+                    assert published[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
+                # Names as the driver shows them, and the ones verl never gathers.
+                assert set(published) >= {
+                    f"{role}/loss",
+                    f"{role}/grad_norm",
+                    f"{role}/perf/max_memory_allocated_gb",
+                    f"{role}/perf/cpu_memory_used_gb",
+                    f"perf/mfu/{role}",
+                }
+                driver_norm = driver_value(seen["driver"][f"{role}/grad_norm"])
+                assert published[f"{role}/grad_norm"] == pytest.approx(driver_norm)
+        for step in range(1, STEPS + 1):
+            values = [by_key[(f"{role}_dp", step, rank)] for rank in range(RANKS)]
+            driver = ranks[0]["steps"][step - 1][role]["driver"]
+            spread = SPREAD[role]
+            assert values[0][spread] != values[1][spread]  # each rank its own
+            for name in MEAN_METRICS[role]:
+                reduced = driver_value(driver[name])
+                assert statistics.fmean(v[name] for v in values) == pytest.approx(reduced, rel=1e-6)
 
     # The worker joined the two ranks: the spread across ranks, and which rank is where.
-    final = {s["step"]: s for s in summaries if s["stage"] == STAGE}
-    assert set(final) == set(range(1, STEPS + 1))
-    for step, summary in final.items():
+    final = {(s["stage"], s["step"]): s for s in summaries}
+    assert set(final) >= {(f"{r}_dp", step) for r in ROLES for step in range(1, STEPS + 1)}
+    for (stage, step), summary in final.items():
         assert summary["ranks_reported"] == [0, 1]
         assert summary["world_size"] == RANKS
-        stats = summary["metrics"]["actor/ppo_kl"]
-        kl = [by_key[(step, rank)]["actor/ppo_kl"] for rank in range(RANKS)]
-        assert stats["std"] == pytest.approx(statistics.pstdev(kl), rel=1e-9)
-        assert (stats["min_rank"], stats["max_rank"]) == (kl.index(min(kl)), kl.index(max(kl)))
+        spread = SPREAD[stage.removesuffix("_dp")]
+        stats = summary["metrics"][spread]
+        found = [by_key[(stage, step, rank)][spread] for rank in range(RANKS)]
+        assert stats["std"] == pytest.approx(statistics.pstdev(found), rel=1e-9)
+        assert (stats["min_rank"], stats["max_rank"]) == (
+            found.index(min(found)),
+            found.index(max(found)),
+        )
         assert stats["min_rank"] != stats["max_rank"]
 
-    # verl's logger records, from both processes, with rank, role, host and pid.
+    # verl's logger's records, from both processes, with rank, role, host and pid.
     finished = [r for r in records if "finished step" in r["message"]]
     assert {(r["rank"], r["pid"]) for r in finished} == set(pids.items())
     for record in finished:
         assert record["logger"].endswith("verl/workers/engine_workers.py")
         assert record["level"] == "WARNING"
-        assert record["tags"] == {"role": "actor", "framework": "verl"}
+        assert record["tags"] == {"role": "critic", "framework": "verl"}  # its first update
         assert record["hostname"] == socket.gethostname()
-        assert record["stage"] == STAGE
+        assert record["stage"] == "critic_dp"
     # ... and in each rank's local file, named after the role.
     assert sorted(path.name for path in log_dir.glob("*.jsonl")) == [
-        "verl_actor_rank0.jsonl",
-        "verl_actor_rank1.jsonl",
+        f"verl_{role}_rank{rank}.jsonl" for role in sorted(ROLES) for rank in range(RANKS)
     ]

@@ -1,14 +1,15 @@
-"""One data-parallel rank of a verl actor update on the CPU (``test_verl_workers.py`` runs two).
+"""One data-parallel rank of verl's critic and actor updates on the CPU (two in the test).
 
 ``python -m tests.integration.verl_rank MODEL_DIR OUT_JSON RUN_JSON`` with torchrun's
 variables set (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). The process does
 what a verl worker and its driver do, with verl's real code: it makes the gloo group,
 imports verl (which loads the modules of ``VERL_USE_EXTERNAL_MODULES``: the CPU harness and
 rlpulse's plugin), builds ``ActorRolloutRefWorker(role="actor")`` from verl's own
-``ppo_trainer`` config, ``init_model()``, then for each step calls verl's
-``RayPPOTrainer._update_actor`` on a trainer whose worker group is this rank's worker: the
-same driver code, the same worker method, without Ray in between. Its half of each step's
-batch differs from the other rank's, so their metrics differ.
+``ppo_trainer`` config, ``init_model()``, and the critic (a value-model ``TrainingWorker``)
+as ``RayPPOTrainer.init_workers`` does, then for each step calls verl's
+``RayPPOTrainer._update_critic`` and ``_update_actor`` on a trainer whose worker groups are
+this rank's workers: the same driver code, the same worker methods, without Ray between.
+Its half of each step's batch differs from the other rank's, so their metrics differ.
 
 Independently of rlpulse, it records what this rank handed to
 ``allgather_dict_into_dict`` (its own values, before verl gathers them) and the dict the
@@ -50,7 +51,69 @@ def overrides(model_dir: str) -> list[str]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.rollout.n=1",
+        f"critic.model.path={model_dir}",
+        "critic.model.use_remove_padding=False",
+        "critic.model.enable_gradient_checkpointing=False",
+        "+critic.model.override_config.attn_implementation=eager",
+        "+critic.model.load_tokenizer=False",
+        "critic.strategy=fsdp2",
+        "critic.fsdp.dtype=float32",
+        "critic.fsdp.use_torch_compile=False",
+        "critic.ppo_micro_batch_size_per_gpu=1",
     ]
+
+
+class Ready:
+    """What ``_update_critic`` calls ``.get()`` on: Ray's future of a non-blocking call.
+
+    ``TrainingWorker.train_mini_batch`` is registered ``blocking=False``, so through a Ray
+    worker group it returns a future; called in this process its result is there already.
+    """
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def get(self) -> Any:
+        """The worker's result."""
+        return self.result
+
+
+class CriticGroup:
+    """The critic's worker group in this process: the worker, and futures that are ready."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+
+    def train_mini_batch(self, data: Any) -> Ready:
+        """verl's ``TrainingWorker.train_mini_batch`` on this rank's share."""
+        return Ready(self.worker.train_mini_batch(data))
+
+
+def critic_worker(config: Any) -> Any:
+    """The critic as ``RayPPOTrainer.init_workers`` builds it: a value-model TrainingWorker."""
+    from functools import partial
+
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import TrainingWorkerConfig
+    from verl.workers.engine_workers import TrainingWorker
+    from verl.workers.utils.losses import value_loss
+
+    critic = omega_conf_to_dataclass(config.critic)
+    engine = critic.engine
+    engine.infer_max_token_len_per_gpu = critic.ppo_infer_max_token_len_per_gpu
+    engine.max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
+    worker = TrainingWorker(
+        config=TrainingWorkerConfig(
+            model_type="value_model",
+            model_config=critic.model,
+            engine_config=engine,
+            optimizer_config=critic.optim,
+            checkpoint_config=critic.checkpoint,
+        )
+    )
+    worker.reset()
+    worker.set_loss_fn(partial(value_loss, config=critic))
+    return worker
 
 
 def step_batch(step: int, rank: int, world_size: int) -> Any:
@@ -71,8 +134,12 @@ def step_batch(step: int, rank: int, world_size: int) -> Any:
         "response_mask": torch.ones(BATCH, RESPONSE),
         "old_log_probs": -3 * torch.rand(BATCH, RESPONSE, generator=generator),
         "advantages": torch.randn(BATCH, RESPONSE, generator=generator),
+        "values": torch.randn(BATCH, RESPONSE, generator=generator),
+        "returns": torch.randn(BATCH, RESPONSE, generator=generator),
     }
-    return DataProto.from_single_dict({name: value[rows] for name, value in tensors.items()})
+    batch = DataProto.from_single_dict({name: value[rows] for name, value in tensors.items()})
+    batch.meta_info["temperature"] = 1.0  # RayPPOTrainer.fit sets it before the updates
+    return batch
 
 
 def plain(value: Any) -> Any:
@@ -120,16 +187,24 @@ def main(model_dir: str, out_path: str, run_path: str) -> None:
     trainer.config = config
     trainer.distillation_config = None
     trainer.actor_rollout_wg = worker
+    trainer.critic_wg = CriticGroup(critic_worker(config))
     verl_workers.bind_trainer(trainer, run["run_id"], 0, run["settings"])
 
     steps = []
     for step in range(1, STEPS + 1):
         trainer.global_steps = step
         captured.clear()
-        output = RayPPOTrainer._update_actor(trainer, step_batch(step, rank, world_size))
-        driver = {k: plain(v) for k, v in rename_dict(output.meta_info["metrics"]).items()}
+        roles = {}
+        for role, update in (
+            ("critic", RayPPOTrainer._update_critic),
+            ("actor", RayPPOTrainer._update_actor),
+        ):  # the order of RayPPOTrainer.fit
+            captured.clear()
+            output = update(trainer, step_batch(step, rank, world_size))
+            driver = {k: plain(v) for k, v in rename_dict(output.meta_info["metrics"]).items()}
+            roles[role] = {"local": list(captured), "driver": driver}
         logging.getLogger(engine_workers.__file__).warning("rank %d finished step %d", rank, step)
-        steps.append({"step": step, "local": list(captured), "driver": driver})
+        steps.append({"step": step, **roles})
     result = {"rank": rank, "pid": os.getpid(), "steps": steps, "failures": verl_workers.failures}
     Path(out_path).write_text(json.dumps(result))
     dist.destroy_process_group()
