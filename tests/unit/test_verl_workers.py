@@ -172,3 +172,31 @@ def test_the_plugin_hooks_verls_workers_and_trainers() -> None:
     from verl.single_controller.base.decorator import MAGIC_ATTR
 
     assert hasattr(engine_workers.TrainingWorker.train_mini_batch, MAGIC_ATTR)
+
+
+def test_the_driver_binds_its_trainer_unless_rank_metrics_are_off(tmp_path: Path) -> None:
+    from rlpulse.producers import RunLink
+    from rlpulse.producers.integrations.verl import VerlSettings
+    from rlpulse.producers.logging_handler import EventHandler
+    from rlpulse.settings import ProducerSettings, Settings
+
+    class Trainer:
+        global_steps = 3
+
+    block = VerlSettings.from_verl_config({"rlpulse": {"prefix": "p", "rank_metrics": False}})
+    assert block.overrides() == {"prefix": "p"}
+    assert VerlSettings().rank_metrics is True
+    link = RunLink(
+        "run-d", settings=Settings(producer=ProducerSettings(spool_dir=tmp_path))
+    )  # no I/O yet
+    root = logging.getLogger()
+    for rank_metrics, bound in ((False, None), (True, RunContext("run-d", 0, 3, {"prefix": "p"}))):
+        trainer = Trainer()
+        verl_workers.driver_started(trainer, link, block.overrides(), rank_metrics=rank_metrics)
+        handlers = [h for h in root.handlers if isinstance(h, EventHandler) and h.sink is link]
+        assert len(handlers) == 1 and handlers[0].stage == "driver"
+        assert verl_workers.context_of(trainer) == bound
+        verl_workers.driver_finished(trainer, link)
+        assert not [h for h in root.handlers if getattr(h, "sink", None) is link]
+        assert verl_workers.context_of(trainer) is None
+    link.close()

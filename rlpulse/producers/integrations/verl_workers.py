@@ -35,6 +35,7 @@ rank_metrics=false`` in verl's config turns per-rank publication off (no context
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import logging
@@ -300,6 +301,7 @@ class RankPublisher:
     def __init__(self) -> None:
         self._loggers: dict[tuple[str, int, str], EventLogger] = {}
         self._lock = threading.Lock()
+        self._closes_at_exit = False
         self.handler: EventHandler | None = None
 
     def logger(self, context: RunContext, role: str, rank: int, world_size: int) -> EventLogger:
@@ -331,6 +333,11 @@ class RankPublisher:
         """Publish one rank's values of the driver's step ``context.step``."""
         events = self.logger(context, role, rank, world_size)
         events.log(values, context.step, f"{role}_dp", world_size=world_size)
+        if not self._closes_at_exit:
+            # After the logger's own exit hook (the first event registered it): at exit,
+            # ours runs first, so no record reaches a closed logger.
+            atexit.register(self.close)
+            self._closes_at_exit = True
 
     def close(self) -> None:
         """Detach the handler and close every logger (flushing what is queued)."""
@@ -348,12 +355,12 @@ publisher = RankPublisher()
 
 
 def attach_log_handler(sink: Any, *, stage: str) -> EventHandler:
-    """Put rlpulse's handler on the root logger (level and sampling from the sink's settings)."""
+    """Put rlpulse's handler on the root logger (level and sampling from the sink's settings).
+
+    The loggers' own levels still decide what reaches it (verl's: ``VERL_LOGGING_LEVEL``).
+    """
     handler = EventHandler(sink, stage=stage)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    if root.level > handler.text_level:
-        root.setLevel(handler.text_level)
+    logging.getLogger().addHandler(handler)
     return handler
 
 
