@@ -28,9 +28,13 @@ user's go to ``<prefix>.logs`` with run, rank, role, host and pid from then on (
 ``logging.log_dir``, to ``verl_<role>_rank<N>.jsonl``). The driver's records go there too,
 through the backend's link, from the ``Tracking``'s creation on.
 
+Workers that never run ``train_mini_batch`` (rollout, reference, reward) have no per-rank
+metrics there and never learn the run, so they publish nothing, records included.
+
 Nothing here may break training: an exception in rlpulse's part of a hook is counted in
-:data:`failures`, logged once, and verl's result is returned unchanged. ``+rlpulse.
-rank_metrics=false`` in verl's config turns per-rank publication off (no context is sent).
+:data:`failures`, logged once, and verl's result is returned unchanged.
+``+rlpulse.rank_metrics=false`` on verl's command line turns per-rank publication off (the
+driver sends no context).
 """
 
 from __future__ import annotations
