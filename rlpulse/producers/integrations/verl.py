@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlpulse.exceptions import SettingsError
+from rlpulse.producers.integrations import verl_workers
 from rlpulse.producers.integrations.canonical import VERL_NAMES, canonical_metrics
 from rlpulse.producers.integrations.commands import (
     ActionHandler,
@@ -101,6 +102,9 @@ class VerlSettings(BaseModel):
     tags: dict[str, str] = Field(default_factory=dict)
     seed_names: bool = True
     settings: dict[str, Any] = Field(default_factory=dict)
+    rank_metrics: bool = Field(
+        default=True, description="Publish each data-parallel rank's metrics from the workers."
+    )
 
     @classmethod
     def from_verl_config(cls, config: Mapping[str, Any] | None) -> VerlSettings:
@@ -111,11 +115,15 @@ class VerlSettings(BaseModel):
         except ValidationError as exc:
             raise VerlSettingsError(f"invalid `{BACKEND}` block in the verl config: {exc}") from exc
 
+    def overrides(self) -> dict[str, Any]:
+        """What this block sets of rlpulse's settings: ``settings``, ``bootstrap``, ``prefix``."""
+        given = {**self.settings, "bootstrap": self.bootstrap, "prefix": self.prefix}
+        return {name: value for name, value in given.items() if value is not None}
+
     def rlpulse_settings(self) -> Settings:
         """Rlpulse's settings: ``settings``, with ``bootstrap``/``prefix`` over it."""
-        given = {**self.settings, "bootstrap": self.bootstrap, "prefix": self.prefix}
         try:
-            return load_settings(given)
+            return load_settings(self.overrides())
         except SettingsError as exc:
             raise VerlSettingsError(f"invalid settings in `{BACKEND}`: {exc}") from exc
 
@@ -154,6 +162,8 @@ class RlpulseBackend:
     def __init__(self, link: RunLink, settings: VerlSettings, trainer: Any | None = None) -> None:
         self.link = link
         self.settings = settings
+        self.trainer = trainer
+        """The verl trainer this backend is bound to, or None."""
         self.actions = None if trainer is None else VerlTrainerActions(trainer)
         self.last_step = 0
         self._due: list[tuple[ControlCommand, Outcome, int]] = []
@@ -301,7 +311,14 @@ def install() -> None:
         if BACKEND in names:
             caller = sys._getframe(1).f_locals.get("self")
             trainer = caller if is_verl_trainer(caller) else None
-            self.logger[BACKEND] = RlpulseBackend.create(config, experiment_name, trainer)
+            backend = RlpulseBackend.create(config, experiment_name, trainer)
+            self.logger[BACKEND] = backend
+            verl_workers.driver_started(
+                trainer,
+                backend.link,
+                backend.settings.overrides(),
+                rank_metrics=backend.settings.rank_metrics,
+            )
 
     @functools.wraps(original_finish)
     def finish(self: Any, exit_code: int = 0) -> None:
@@ -310,6 +327,7 @@ def install() -> None:
             original_finish(self, exit_code)
         finally:
             if backend is not None:
+                verl_workers.driver_finished(backend.trainer, backend.link)
                 backend.finish(exit_code)
 
     Tracking.__init__ = __init__
