@@ -91,7 +91,6 @@ def test_worker_env_holds_the_run_and_never_a_secret() -> None:
         "RLPULSE_BOOTSTRAP": "kafka-1:9092",
         "RLPULSE_PRODUCER__LINGER_MS": "20",
         "RLPULSE_LIBRDKAFKA": json.dumps({"socket.timeout.ms": 9}),
-        verl_env.RUN_ID_ENV: "grpo-7b",
         TRACE_ENV: "4bf92f3577b34da6a3ce929d0e0e4736",
         "VERL_USE_EXTERNAL_MODULES": f"my.plugin,{verl_env.PLUGIN_MODULE}",
     }
@@ -154,7 +153,6 @@ def test_a_worker_on_a_cluster_started_beforehand_gets_rlpulses_settings(
         "RLPULSE_PRODUCER__LINGER_MS": "7",
         "RLPULSE_BOOTSTRAP": "kafka-7:9092",
         "RLPULSE_PREFIX": "team-b",
-        verl_env.RUN_ID_ENV: "multi-node-run",
         TRACE_ENV: report["driver_trace"],
         "VERL_USE_EXTERNAL_MODULES": verl_env.PLUGIN_MODULE,
     }

@@ -6,7 +6,7 @@ driver's environment, one on another node does not: without more, ``RLPULSE_*``,
 and ``VERL_USE_EXTERNAL_MODULES`` (which loads rlpulse's plugin) would not reach it.
 :func:`install` wraps that function so that its ``env_vars`` also hold :func:`worker_env`: the
 driver's ``RLPULSE_*`` variables, the ``rlpulse`` block of verl's config as ``RLPULSE_*``
-variables, the run id, one trace context for the whole run, and the plugin. Ray applies a job's
+variables, one trace context for the whole run, and the plugin. Ray applies a job's
 runtime env on every node.
 
 Secrets are never values in the runtime env (Ray shows it in its dashboard and logs): a SASL
@@ -27,15 +27,13 @@ from typing import Any, Final
 from rlpulse.producers.trace import TRACE_ENV, new_trace_id, parse_trace_context
 from rlpulse.settings import ENV_PREFIX, Settings
 
-__all__ = ["PLUGIN_MODULE", "RUN_ID_ENV", "install", "with_plugin", "worker_env"]
+__all__ = ["PLUGIN_MODULE", "install", "with_plugin", "worker_env"]
 
 log = logging.getLogger(__name__)
 
 PLUGIN_MODULE: Final = "rlpulse.producers.integrations.verl_plugin"
 """The module verl imports in every process to load rlpulse (``VERL_USE_EXTERNAL_MODULES``)."""
 EXTERNAL_MODULES_ENV: Final = "VERL_USE_EXTERNAL_MODULES"
-RUN_ID_ENV: Final = f"{ENV_PREFIX}RUN_ID"
-"""The run id of a verl job, for its worker processes (set by the driver from the config)."""
 _CONFIG_BLOCK: Final = "rlpulse"
 
 
@@ -83,10 +81,10 @@ def worker_env(
 ) -> dict[str, str]:
     """The variables every verl process needs to publish to the same run as the driver.
 
-    ``config`` is verl's (Hydra) config; its ``rlpulse`` block (``run_id``, ``bootstrap``,
-    ``prefix``, ``settings``) wins over the driver's environment ``environ`` (default
-    ``os.environ``). The run id defaults to ``trainer.experiment_name``. The trace context is the
-    driver's, or a new one (then also set in ``os.environ``, so the driver uses it too).
+    ``config`` is verl's (Hydra) config; its ``rlpulse`` block (``bootstrap``, ``prefix``,
+    ``settings``) wins over the driver's environment ``environ`` (default ``os.environ``). The
+    run id and step reach the workers with each batch (:mod:`.verl_workers`). The trace context
+    is the driver's, or a new one (then also set in ``os.environ``, so the driver uses it too).
     """
     environ = os.environ if environ is None else environ
     secrets = _secret_env_names()
@@ -96,10 +94,6 @@ def worker_env(
     for key in ("bootstrap", "prefix"):
         if block.get(key) is not None:
             env[f"{ENV_PREFIX}{key.upper()}"] = str(block[key])
-    trainer = (config or {}).get("trainer") or {}
-    run_id = block.get("run_id") or trainer.get("experiment_name")
-    if run_id:
-        env[RUN_ID_ENV] = str(run_id)
     trace = parse_trace_context(environ.get(TRACE_ENV, ""))
     if trace is None:
         trace = new_trace_id()
