@@ -108,8 +108,8 @@ def backtest(
     run: Annotated[
         str | None,
         typer.Option(
-            help="Run id of a per-rank directory (default: its name) or a verl file (default: "
-            "its name); with rlpulse JSON Lines, play only this run."
+            help="Play only this run; also the run id of per-rank lines without a run_id "
+            "(default: the directory's name) and of a verl file (default: its name)."
         ),
     ] = None,
     input_format: Annotated[
@@ -120,7 +120,8 @@ def backtest(
 
     Prints a table of commands per run (step, stage, rule, actions, reason), or with --json
     one ControlCommand per line: the records the worker would have published, ids included.
-    Unreadable lines and refused events are reported on stderr with file:line and skipped.
+    Unreadable lines and refused events are reported on stderr with file:line and skipped;
+    a recording that yields no event at all is an error (exit 1).
     """
     try:
         joiner = JoinerSettings(grace_s=grace_s, late_window_s=late_window_s)
@@ -137,6 +138,9 @@ def backtest(
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    if result.events == 0:
+        typer.echo(f"error: {_nothing_read(events, result)}", err=True)
+        raise typer.Exit(1)
     if json_output:
         for command in result.commands:
             typer.echo(json.dumps(command))
@@ -152,6 +156,15 @@ def backtest(
         f"{len(result.rejected)} events rejected, {result.duplicates} duplicates dropped",
         err=True,
     )
+
+
+def _nothing_read(events: Path, result: BacktestResult) -> str:
+    """Why a recording gave no events, in one line."""
+    skipped = [*result.malformed, *result.rejected]
+    if not skipped:
+        return f"no events read from {events}: it holds no lines"
+    lines = "line" if len(skipped) == 1 else "lines"
+    return f"no events read from {events}: {len(skipped)} {lines} skipped, the first: {skipped[0]}"
 
 
 def check_rules_files(paths: Sequence[Path]) -> int:
