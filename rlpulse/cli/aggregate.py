@@ -37,8 +37,9 @@ def aggregate(
     """Merge per-rank JSON Lines into one line per merge key, missing values as null.
 
     Fields that several components write become <component>/<field> columns; every line
-    also gets global_step (its step) and aggregated_at (when this ran, UTC). Unreadable
-    lines are reported on stderr with file:line and skipped.
+    also gets global_step (its step) and aggregated_at (when this ran, UTC). System samples
+    (stage system: their step is a sample index) keep rows of their own. Unreadable lines
+    are reported on stderr with file:line and skipped.
     """
     merge_fields = parse_fields(merge_on)
     sort_fields = parse_fields(sort_by) if sort_by is not None else merge_fields
