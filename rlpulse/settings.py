@@ -668,7 +668,7 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "Kafka bootstrap servers (host:port,...); unset: the broker `rlpulse broker up` "
-            f"started, else {DEFAULT_BOOTSTRAP}."
+            "started, else 127.0.0.1:<broker.port>."
         ),
     )
     prefix: str = Field(default=DEFAULT_PREFIX, description="Topics are named <prefix>.<role>.")

@@ -111,6 +111,16 @@ def test_unset_bootstrap_finds_the_local_broker(tmp_path: Path) -> None:
     assert bootstrap_servers(settings) == "127.0.0.1:9092"
 
 
+def test_unset_bootstrap_without_a_broker_falls_back_to_the_broker_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RLPULSE_BROKER__PORT", "29092")
+    assert bootstrap_servers(Settings()) == "127.0.0.1:29092"
+    assert client_properties(Settings())["bootstrap.servers"] == "127.0.0.1:29092"
+    monkeypatch.setenv("RLPULSE_BROKER__PORT", "0")  # free ports: only a running one has one
+    assert bootstrap_servers(Settings()) == "127.0.0.1:9092"
+
+
 def test_bad_values_are_refused_naming_their_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
