@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -54,6 +55,7 @@ __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_PREFIX",
     "ENV_PREFIX",
+    "OUTSIDE_ENV",
     "ArchiveSettings",
     "BrokerSettings",
     "CommandLimits",
@@ -65,12 +67,22 @@ __all__ = [
     "SecuritySettings",
     "Settings",
     "WorkerSettings",
+    "environment_names",
     "explain",
     "load_settings",
 ]
 
 ENV_PREFIX = "RLPULSE_"
 CONFIG_ENV = "RLPULSE_CONFIG"
+OUTSIDE_ENV = frozenset(
+    {
+        CONFIG_ENV,
+        "RLPULSE_TRACE_CONTEXT",  # rlpulse.producers.trace
+        "RLPULSE_LOG_DIR",  # compose/fluent-bit/fluent-bit.conf
+        "RLPULSE_FUZZ_SEED",  # tests/integration/test_dead_letters.py
+    }
+)
+"""``RLPULSE_*`` variables read outside the settings tree; every other one must name a setting."""
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_PREFIX = "rlpulse"
 MIB = 1 << 20
@@ -773,6 +785,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Flags and keyword arguments, then the environment, then the config file."""
+        _refuse_unknown_environment(os.environ)
         config_file = config_file_path()
         if config_file is None:
             return init_settings, env_settings
@@ -802,6 +815,58 @@ def _config_file_source(settings_cls: type[BaseSettings], path: Path) -> YamlCon
         raise SettingsError(f"config file {path} is not valid YAML: {exc}") from None
     _refuse_secrets(source(), f"config file {path}")
     return source
+
+
+def environment_names() -> frozenset[str]:
+    """Every ``RLPULSE_*`` name that means something.
+
+    :data:`OUTSIDE_ENV`, and one per setting and per section, read from the tree.
+    """
+    names = set(OUTSIDE_ENV)
+    for path in _field_paths(Settings):
+        parts = path.split(".")
+        names.update(_env_name(".".join(parts[:end])) for end in range(1, len(parts) + 1))
+    return frozenset(names)
+
+
+def _env_name(dotted: str) -> str:
+    return ENV_PREFIX + dotted.replace(".", "__").upper()
+
+
+def _refuse_unknown_environment(environ: Mapping[str, str]) -> None:
+    """Raise :class:`SettingsError` for each ``RLPULSE_*`` variable that names no setting.
+
+    A dict setting (``librdkafka``) takes any ``__KEY`` below its name.
+    """
+    known = environment_names()
+    open_ended = tuple(_env_name(path) + "__" for path in _dict_paths(Settings))
+    unknown = sorted(
+        name
+        for name in environ
+        if name.upper().startswith(ENV_PREFIX)
+        and name.upper() not in known
+        and not name.upper().startswith(open_ended)
+    )
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.upper(), sorted(known), n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else "; `rlpulse config show` lists them"
+        lines.append(f"environment variable {name} names no setting{hint}")
+    raise SettingsError("\n".join(lines))
+
+
+def _dict_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted names of the settings that hold a mapping of free keys."""
+    paths: list[str] = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths += _dict_paths(annotation, f"{prefix}{name}.")
+        elif getattr(annotation, "__origin__", None) is dict:
+            paths.append(f"{prefix}{name}")
+    return paths
 
 
 def _refuse_secrets(tree: Mapping[str, Any], where: str) -> None:
