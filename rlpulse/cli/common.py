@@ -16,6 +16,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rlpulse.exceptions import RlpulseError
 from rlpulse.settings import Settings, load_settings
@@ -70,8 +71,11 @@ def say(message: str) -> None:
 
 
 def fail(message: str) -> typer.Exit:
-    """Print ``error: message`` on stderr; return the exit to raise (status 1)."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print ``error: message`` on stderr; return the exit to raise (status 1).
+
+    ``message`` is text, not markup: ``[rule-id]`` and ``[x]`` are printed as they are.
+    """
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(1)
 
 

@@ -73,10 +73,7 @@ def publish(
     try:
         ruleset = publish_rules(path, chosen)
     except RulesFileError as exc:
-        for problem in exc.problems:
-            typer.echo(str(problem), err=True)
-        typer.echo(f"not published: {path} has problems", err=True)
-        raise typer.Exit(1) from None
+        raise refuse_rules(exc, f"not published: {path} has problems") from None
     typer.echo(f"published {path} ({len(ruleset.rules)} rules) to {Topics(chosen.prefix).rules}")
 
 
@@ -156,6 +153,17 @@ def backtest(
         f"{len(result.rejected)} events rejected, {result.duplicates} duplicates dropped",
         err=True,
     )
+
+
+def refuse_rules(exc: RulesFileError, outcome: str) -> typer.Exit:
+    """Print each problem of ``exc`` as ``rules check`` does, then ``outcome``; the exit to raise.
+
+    Plain lines on stderr (no markup: ``[rule-id]`` stays), status 1.
+    """
+    for problem in exc.problems:
+        typer.echo(str(problem), err=True)
+    typer.echo(outcome, err=True)
+    return typer.Exit(1)
 
 
 def _nothing_read(events: Path, result: BacktestResult) -> str:

@@ -56,6 +56,8 @@ def worker(
     config: ConfigFile = None,
 ) -> None:
     """Run a stream worker: step joiner and rule engine, until SIGTERM or SIGINT."""
+    from rlpulse.cli.rules import refuse_rules
+    from rlpulse.rules.exceptions import RulesFileError
     from rlpulse.rules.loader import load_rules_source
     from rlpulse.streams.rulebook import RULES_FROM_TOPIC
     from rlpulse.streams.worker import run_worker
@@ -77,7 +79,10 @@ def worker(
         },
     )
     if chosen.worker.rules != RULES_FROM_TOPIC:
-        load_rules_source(chosen.worker.rules)  # refuse a bad file before connecting
+        try:
+            load_rules_source(chosen.worker.rules)  # refuse a bad file before connecting
+        except RulesFileError as exc:
+            raise refuse_rules(exc, f"not started: {chosen.worker.rules} has problems") from None
     say(
         f"worker {chosen.worker_group}: rules from {chosen.worker.rules}, "
         f"Kafka {bootstrap_servers(chosen)}"

@@ -236,3 +236,10 @@ def test_auditing_a_run_the_archive_does_not_hold_is_not_ok(tmp_path: Path) -> N
     assert unknown.exit_code == 1, unknown.output
     assert "ok run" not in unknown.output
     assert "run no-such-run: no records in the archive" in " ".join(unknown.output.split())
+
+
+def test_an_error_line_keeps_brackets(tmp_path: Path) -> None:
+    """One-line errors are text, not rich markup: ``[x]`` is not swallowed."""
+    outcome = cli("audit", "--run", "[gpu-0]", "--archive", str(tmp_path))
+    assert outcome.exit_code == 1
+    assert "run [gpu-0]: no records in the archive" in outcome.stderr
