@@ -787,9 +787,32 @@ class Settings(BaseSettings):
         """Flags and keyword arguments, then the environment, then the config file."""
         _refuse_unknown_environment(os.environ)
         config_file = config_file_path()
-        if config_file is None:
-            return init_settings, env_settings
-        return init_settings, env_settings, _config_file_source(settings_cls, config_file)
+        sources = [init_settings, env_settings]
+        if config_file is not None:
+            sources.append(_config_file_source(settings_cls, config_file))
+        skipped = _WITHOUT.get()
+        return tuple(_Without(source, skipped) if skipped else source for source in sources)
+
+
+class _Without(PydanticBaseSettingsSource):
+    """Another source, less the top-level settings named in ``skipped`` (they get defaults)."""
+
+    def __init__(self, source: PydanticBaseSettingsSource, skipped: frozenset[str]) -> None:
+        super().__init__(source.settings_cls)
+        self._source = source
+        self._skipped = skipped
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        """Unused: :meth:`__call__` gives the values."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._source().items() if k not in self._skipped}
+
+
+_WITHOUT: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "rlpulse_settings_without", default=frozenset()
+)
 
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
@@ -889,21 +912,30 @@ def _using_config_file(path: Path | None) -> Iterator[None]:
 
 
 def load_settings(
-    overrides: Mapping[str, Any] | None = None, config_file: Path | None = None
+    overrides: Mapping[str, Any] | None = None,
+    config_file: Path | None = None,
+    *,
+    without: frozenset[str] = frozenset(),
 ) -> Settings:
     """The settings tree: ``overrides`` (dotted or nested keys) over env over file over defaults.
 
     ``overrides`` holds what flags set; ``None`` values mean "not given" and are dropped.
-    ``config_file`` replaces ``$RLPULSE_CONFIG``. Raises :class:`SettingsError`.
+    ``config_file`` replaces ``$RLPULSE_CONFIG``. ``without`` names top-level settings
+    (``{"security"}``) that no source sets: they keep their defaults, for a caller that does
+    not use them. Raises :class:`SettingsError`.
     """
-    given = nest(overrides or {})
+    given = {k: v for k, v in nest(overrides or {}).items() if k not in without}
     _refuse_secrets(given, "a flag")
-    with _using_config_file(config_file):
-        try:
-            return Settings(**given)
-        except ValidationError as exc:
-            origins = explain(overrides, config_file, validate=False)
-            raise SettingsError(_problems(exc, origins)) from None
+    token = _WITHOUT.set(without)
+    try:
+        with _using_config_file(config_file):
+            try:
+                return Settings(**given)
+            except ValidationError as exc:
+                origins = explain(overrides, config_file, validate=False)
+                raise SettingsError(_problems(exc, origins)) from None
+    finally:
+        _WITHOUT.reset(token)
 
 
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ role the same ACLs on any cluster.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Final, cast
 
 import typer
 
@@ -24,6 +24,10 @@ user_app = typer.Typer(help="Users of the secured local broker.", no_args_is_hel
 acl_app = typer.Typer(help="The ACLs of rlpulse's roles.", no_args_is_help=True)
 broker_app.add_typer(user_app, name="user")
 broker_app.add_typer(acl_app, name="acl")
+
+LOCAL_CONTROL_SKIPS: Final = frozenset({"security"})
+"""What the broker commands do not read: they control a local process, and their Kafka clients
+use the broker's own admin credentials (:meth:`LocalBroker.client_settings`)."""
 
 StateDir = Annotated[
     Path | None,
@@ -51,7 +55,9 @@ def broker_up(
 ) -> None:
     """Start the local broker (or report the running one)."""
     broker = LocalBroker(
-        settings(config, {"broker.port": port}), state_dir=state_dir, secure=secure
+        settings(config, {"broker.port": port}, without=LOCAL_CONTROL_SKIPS),
+        state_dir=state_dir,
+        secure=secure,
     )
     info = broker.up(progress=lambda message: say(f"{message}…"))
     out.print(f"Kafka {info.kafka_version} is up at [bold]{info.bootstrap}[/] (pid {info.pid})")
@@ -68,7 +74,8 @@ def broker_up(
 @one_line_errors
 def broker_down(state_dir: StateDir = None, config: ConfigFile = None) -> None:
     """Stop the local broker: SIGTERM, then SIGKILL after 30 s."""
-    stopped = LocalBroker(settings(config), state_dir=state_dir).down()
+    chosen = settings(config, without=LOCAL_CONTROL_SKIPS)
+    stopped = LocalBroker(chosen, state_dir=state_dir).down()
     out.print("Kafka stopped" if stopped else "Kafka was not running")
 
 
@@ -76,7 +83,7 @@ def broker_down(state_dir: StateDir = None, config: ConfigFile = None) -> None:
 @one_line_errors
 def broker_status(state_dir: StateDir = None, config: ConfigFile = None) -> None:
     """Say whether the local broker is up and where; exit 1 if it is down."""
-    broker = LocalBroker(settings(config), state_dir=state_dir)
+    broker = LocalBroker(settings(config, without=LOCAL_CONTROL_SKIPS), state_dir=state_dir)
     out.print(broker.status(), highlight=False)
     if broker.info() is None:
         raise typer.Exit(1)
@@ -116,7 +123,7 @@ def user_add(
     config: ConfigFile = None,
 ) -> None:
     """Create a SCRAM user on the secured local broker with exactly the ACLs of a role."""
-    chosen = settings(config, {"prefix": prefix})
+    chosen = settings(config, {"prefix": prefix}, without=LOCAL_CONTROL_SKIPS)
     password = None if password_file is None else password_file.read_text().strip()
     if password_file is not None and not password:
         raise fail(f"{password_file} is empty")

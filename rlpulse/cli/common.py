@@ -79,10 +79,18 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
-def settings(config_file: Path | None, flags: Mapping[str, Any] | None = None) -> Settings:
-    """The settings for a command: ``flags`` (dotted names, ``None`` = not given) over the rest."""
+def settings(
+    config_file: Path | None,
+    flags: Mapping[str, Any] | None = None,
+    *,
+    without: frozenset[str] = frozenset(),
+) -> Settings:
+    """The settings for a command: ``flags`` (dotted names, ``None`` = not given) over the rest.
+
+    ``without``: top-level settings the command does not use, left at their defaults.
+    """
     try:
-        return load_settings(flags, config_file)
+        return load_settings(flags, config_file, without=without)
     except RlpulseError as exc:
         raise fail(str(exc)) from None
 
