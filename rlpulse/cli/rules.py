@@ -57,21 +57,28 @@ def check(
 @rules_app.command("publish")
 @one_line_errors
 def publish(
-    path: Annotated[Path, typer.Argument(help="The rules file.", exists=True, dir_okay=False)],
+    source: Annotated[
+        str, typer.Argument(help="The rules file, or a preset name.", metavar="PATH")
+    ],
     bootstrap: Bootstrap = None,
     prefix: Prefix = None,
     config: ConfigFile = None,
 ) -> None:
-    """Validate a rules file and publish it to every worker through the rules topic.
+    """Validate a rules file (or preset) and publish it to every worker through the rules topic.
 
     A file with problems is refused (exit 1) and nothing is published.
     """
     from rlpulse.ops.rules import publish_rules
     from rlpulse.schemas.topics import Topics
 
+    path = Path(source)
+    trouble = "a directory; publish one rules file" if path.is_dir() else _not_found(path)
+    if trouble is not None:
+        typer.echo(f"{path}: {trouble}", err=True)
+        raise typer.Exit(1)
     chosen = settings(config, {"bootstrap": bootstrap, "prefix": prefix})
     try:
-        ruleset = publish_rules(path, chosen)
+        ruleset = publish_rules(source, chosen)
     except RulesFileError as exc:
         raise refuse_rules(exc, f"not published: {path} has problems") from None
     typer.echo(f"published {path} ({len(ruleset.rules)} rules) to {Topics(chosen.prefix).rules}")
@@ -205,15 +212,19 @@ def _load(path: Path) -> RuleSet:
     return load_rules(path) if path.exists() else load_preset(str(path))
 
 
+def _not_found(path: Path) -> str | None:
+    """Why ``path`` names no rules (neither a file nor a preset), or ``None`` if it does."""
+    presets = list_presets()
+    if path.exists() or str(path) in presets:
+        return None
+    return f"no such file or directory, nor a preset ({', '.join(presets)})"
+
+
 def _expand(paths: Iterable[Path]) -> Iterator[tuple[Path, str | None]]:
     """Yield each file to check, with why it cannot be checked (``None`` if it can)."""
-    presets = list_presets()
     for path in paths:
         if not path.exists():
-            known = str(path) in presets
-            names = ", ".join(presets)
-            trouble = None if known else f"no such file or directory, nor a preset ({names})"
-            yield path, trouble
+            yield path, _not_found(path)
             continue
         if not path.is_dir():
             yield path, None

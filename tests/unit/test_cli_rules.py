@@ -136,3 +136,16 @@ def test_the_worker_reports_a_bad_rules_file_as_rules_check_does(tmp_path: Path)
     lines = result.stderr.splitlines()
     assert lines[: len(expected)] == expected
     assert lines[len(expected) :] == [f"not started: {typo} has problems"]
+
+
+def test_publish_takes_a_preset_name_like_every_rules_argument() -> None:
+    """No broker listens at port 1: a preset gets as far as publishing (a file would too)."""
+    env = {"COLUMNS": "200"}
+    args = ["--bootstrap", "127.0.0.1:1", "--prefix", "unit"]
+    preset = CliRunner().invoke(app, ["rules", "publish", "seed", *args], env=env)
+    assert preset.exit_code == 1
+    assert "does not exist" not in preset.output
+    assert "could not publish" in preset.stderr
+    unknown = CliRunner().invoke(app, ["rules", "publish", "no-such-rules", *args], env=env)
+    assert unknown.exit_code == 1
+    assert unknown.stderr.startswith("no-such-rules: no such file or directory, nor a preset (")
