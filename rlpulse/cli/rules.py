@@ -94,8 +94,8 @@ def backtest(
         Path,
         typer.Option(
             "--events",
-            help="rlpulse JSON Lines, verl's file-backend JSON Lines, or a directory of "
-            "<component>_rank<N>.jsonl files.",
+            help="rlpulse JSON Lines, verl's file-backend JSON Lines, or per-rank files "
+            "(trainer_rank0.jsonl, ...): their directory, or one of them.",
             exists=True,
         ),
     ],
