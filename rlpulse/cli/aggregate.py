@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import err, fail, one_line_errors
+from rlpulse.cli.common import default_note, err, fail, one_line_errors
 from rlpulse.offline.aggregate import STDOUT, aggregate_directory, parse_fields
 
 
@@ -31,7 +31,10 @@ def aggregate(
     ] = "step,rank",
     sort_by: Annotated[
         str | None,
-        typer.Option("--sort-by", help="Comma-separated fields to sort by (default: --merge-on)."),
+        typer.Option(
+            "--sort-by",
+            help="Comma-separated fields to sort by. " + default_note("--merge-on"),
+        ),
     ] = None,
 ) -> None:
     """Merge per-rank JSON Lines into one line per merge key, missing values as null.

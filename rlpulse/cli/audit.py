@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import ConfigFile, Prefix, fail, one_line_errors, out
+from rlpulse.cli.common import ConfigFile, Prefix, default_note, fail, one_line_errors, out
 from rlpulse.cli.reading import ArchiveRoot, open_for
 from rlpulse.cli.render import print_rows
 
@@ -14,7 +14,7 @@ from rlpulse.cli.render import print_rows
 @one_line_errors
 def audit(
     run: Annotated[
-        str | None, typer.Option(help="Audit this run only (default: every run).")
+        str | None, typer.Option(help="Audit this run only. " + default_note("every run"))
     ] = None,
     archive: ArchiveRoot = None,
     prefix: Prefix = None,

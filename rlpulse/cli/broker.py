@@ -12,7 +12,18 @@ from typing import Annotated, Final, cast
 
 import typer
 
-from rlpulse.cli.common import ConfigFile, Prefix, fail, one_line_errors, out, say, settings
+from rlpulse.cli.common import (
+    ConfigFile,
+    Prefix,
+    default_note,
+    fail,
+    in_force,
+    one_line_errors,
+    out,
+    say,
+    setting_option,
+    settings,
+)
 from rlpulse.local.broker import LocalBroker
 from rlpulse.transport.roles import ROLES, Role, kafka_acls_commands, role_grants
 from rlpulse.transport.users import principal
@@ -31,7 +42,10 @@ use the broker's own admin credentials (:meth:`LocalBroker.client_settings`)."""
 
 StateDir = Annotated[
     Path | None,
-    typer.Option(help="Where the broker keeps its state (default: $RLPULSE_HOME/broker)."),
+    typer.Option(
+        help="Where the broker keeps its state. "
+        + in_force("home", shown=lambda chosen: chosen.home / "broker")
+    ),
 ]
 
 
@@ -40,7 +54,7 @@ StateDir = Annotated[
 def broker_up(
     port: Annotated[
         int | None,
-        typer.Option(help="Client port, the controller's is port + 1 (default: 9092; 0: free)."),
+        setting_option("broker.port", "Client port, the controller's is port + 1; 0: free ports."),
     ] = None,
     secure: Annotated[
         bool,
@@ -112,7 +126,8 @@ def user_add(
     password_file: Annotated[
         Path | None,
         typer.Option(
-            help="Take the password from this file (default: keep the user's, or make one).",
+            help="Take the password from this file. "
+            + default_note("keep the user's, or make one"),
             dir_okay=False,
             exists=True,
         ),

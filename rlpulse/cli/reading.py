@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlpulse.cli.common import settings
+from rlpulse.cli.common import in_force, settings
 
 if TYPE_CHECKING:
     import duckdb
@@ -18,7 +18,8 @@ ArchiveRoot = Annotated[
     str | None,
     typer.Option(
         "--archive",
-        help="Archive directory or pyarrow URI (default: archive.root, $RLPULSE_HOME/archive).",
+        help="Archive directory or pyarrow URI. "
+        + in_force("archive.root", shown=lambda chosen: chosen.archive_root),
     ),
 ]
 Output = Annotated[str, typer.Option("--format", help="table, csv or json (one object per line).")]

@@ -16,7 +16,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlpulse.cli.common import Bootstrap, ConfigFile, Prefix, one_line_errors, settings
+from rlpulse.cli.common import (
+    Bootstrap,
+    ConfigFile,
+    Prefix,
+    default_note,
+    one_line_errors,
+    settings,
+)
 from rlpulse.offline.backtest import BacktestResult, InputFormat, read_recording, run_backtest
 from rlpulse.rules.exceptions import PresetNotFoundError, RulesFileError
 from rlpulse.rules.loader import list_presets, load_preset, load_rules, load_rules_source
@@ -112,8 +119,8 @@ def backtest(
     run: Annotated[
         str | None,
         typer.Option(
-            help="Play only this run; also the run id of per-rank lines without a run_id "
-            "(default: the directory's name) and of a verl file (default: its name)."
+            help="Play only this run; also the run id of per-rank lines without a run_id, "
+            "and of a verl file. " + default_note("the directory's name; the verl file's name")
         ),
     ] = None,
     input_format: Annotated[

@@ -63,7 +63,7 @@ class WorkerProcess(ChildProcess):
             self.rules,
             "--partitions",
             str(self.partitions),
-            "--grace",
+            "--grace-s",
             str(self.grace_s),
             "--data-dir",
             str(self.data_dir),
