@@ -11,7 +11,9 @@ so merging loses nothing across components. Within a row and column a later line
 the ranks of one component when ``rank`` is not a merge field -- and is counted as
 overwritten. Lines of a stage whose ``step`` is not a training step -- ``system``, whose
 step is a sample index (:mod:`rlpulse.producers.system`) -- get rows of their own (as if
-``stage`` were a merge field), never mixed into the training step of the same number.
+``stage`` were a merge field), never mixed into the training step of the same number; and
+lines of different runs (their ``run_id``: runs that shared a ``log_dir`` append to the same
+files) get rows of their own too.
 Columns come in the order they first appear: the merge fields first; every
 row ends with ``global_step`` (its ``step``, the name verl's logs use) and ``aggregated_at``
 (when the aggregation ran, ISO 8601 in UTC).
@@ -31,6 +33,7 @@ from rlpulse.producers.jsonl import MalformedLine, RankRecord, read_rank_logs
 from rlpulse.producers.system import SYSTEM_STAGE
 
 __all__ = [
+    "RUN_FIELD",
     "SAMPLE_STAGES",
     "STDOUT",
     "AggregateSummary",
@@ -42,6 +45,8 @@ __all__ = [
 
 STDOUT: Final = "-"
 """The output file name that means standard output."""
+RUN_FIELD: Final = "run_id"
+"""Lines of different runs (EventLogger writes ``run_id``) never share a row."""
 SAMPLE_STAGES: Final = frozenset({SYSTEM_STAGE})
 """Stages whose ``step`` numbers samples, not training steps: merged apart from the others."""
 
@@ -63,7 +68,8 @@ class Aggregator:
         """Merge one line into the row of its merge key."""
         values = tuple(record.fields.get(name) for name in self.merge_on)
         sampled = record.stage if record.stage in SAMPLE_STAGES else None
-        row = json.dumps([*values, sampled], sort_keys=True)  # hashable, and NaN equals NaN
+        run = None if RUN_FIELD in self.merge_on else record.fields.get(RUN_FIELD)
+        row = json.dumps([*values, sampled, run], sort_keys=True)  # hashable; NaN equals NaN
         self._keys.setdefault(row, values)
         cells = self._cells.setdefault(row, {})
         for name, value in record.fields.items():

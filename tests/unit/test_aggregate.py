@@ -197,3 +197,23 @@ def test_system_samples_keep_rows_of_their_own(tmp_path: Path) -> None:
         (2, "system", None, 2.5),
     ]
     assert [r["timestamp_ns"] for r in rows] == [0, 7, 100, 107, 200, 207]
+
+
+def test_runs_sharing_a_log_dir_keep_rows_of_their_own(tmp_path: Path) -> None:
+    """EventLogger's lines carry run_id; two runs appending to one file are not merged."""
+    with RankLogWriter(tmp_path, "trainer", 0) as writer:
+        for step in range(2):
+            for run, kl in (("calm", 0.1), ("hot", 0.5)):
+                writer.write(step, "actor", {"kl": kl}, run_id=run, attempt=0,
+                             timestamp_ns=step * 10)  # fmt: skip
+    aggregator = Aggregator(["step", "rank"])
+    for record in read(tmp_path):
+        aggregator.add(record)
+    rows = aggregator.rows(["step"])
+    assert [(r["step"], r["run_id"], r["kl"]) for r in rows] == [
+        (0, "calm", 0.1),
+        (0, "hot", 0.5),
+        (1, "calm", 0.1),
+        (1, "hot", 0.5),
+    ]
+    assert aggregator.overwritten == 0
