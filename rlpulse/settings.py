@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -54,6 +55,7 @@ __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_PREFIX",
     "ENV_PREFIX",
+    "OUTSIDE_ENV",
     "ArchiveSettings",
     "BrokerSettings",
     "CommandLimits",
@@ -65,12 +67,22 @@ __all__ = [
     "SecuritySettings",
     "Settings",
     "WorkerSettings",
+    "environment_names",
     "explain",
     "load_settings",
 ]
 
 ENV_PREFIX = "RLPULSE_"
 CONFIG_ENV = "RLPULSE_CONFIG"
+OUTSIDE_ENV = frozenset(
+    {
+        CONFIG_ENV,
+        "RLPULSE_TRACE_CONTEXT",  # rlpulse.producers.trace
+        "RLPULSE_LOG_DIR",  # compose/fluent-bit/fluent-bit.conf
+        "RLPULSE_FUZZ_SEED",  # tests/integration/test_dead_letters.py
+    }
+)
+"""``RLPULSE_*`` variables read outside the settings tree; every other one must name a setting."""
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_PREFIX = "rlpulse"
 MIB = 1 << 20
@@ -686,7 +698,7 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "Kafka bootstrap servers (host:port,...); unset: the broker `rlpulse broker up` "
-            f"started, else {DEFAULT_BOOTSTRAP}."
+            "started, else 127.0.0.1:<broker.port>."
         ),
     )
     prefix: str = Field(default=DEFAULT_PREFIX, description="Topics are named <prefix>.<role>.")
@@ -799,10 +811,34 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Flags and keyword arguments, then the environment, then the config file."""
+        _refuse_unknown_environment(os.environ)
         config_file = config_file_path()
-        if config_file is None:
-            return init_settings, env_settings
-        return init_settings, env_settings, _config_file_source(settings_cls, config_file)
+        sources = [init_settings, env_settings]
+        if config_file is not None:
+            sources.append(_config_file_source(settings_cls, config_file))
+        skipped = _WITHOUT.get()
+        return tuple(_Without(source, skipped) if skipped else source for source in sources)
+
+
+class _Without(PydanticBaseSettingsSource):
+    """Another source, less the top-level settings named in ``skipped`` (they get defaults)."""
+
+    def __init__(self, source: PydanticBaseSettingsSource, skipped: frozenset[str]) -> None:
+        super().__init__(source.settings_cls)
+        self._source = source
+        self._skipped = skipped
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        """Unused: :meth:`__call__` gives the values."""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in self._source().items() if k not in self._skipped}
+
+
+_WITHOUT: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "rlpulse_settings_without", default=frozenset()
+)
 
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
@@ -830,6 +866,58 @@ def _config_file_source(settings_cls: type[BaseSettings], path: Path) -> YamlCon
     return source
 
 
+def environment_names() -> frozenset[str]:
+    """Every ``RLPULSE_*`` name that means something.
+
+    :data:`OUTSIDE_ENV`, and one per setting and per section, read from the tree.
+    """
+    names = set(OUTSIDE_ENV)
+    for path in _field_paths(Settings):
+        parts = path.split(".")
+        names.update(_env_name(".".join(parts[:end])) for end in range(1, len(parts) + 1))
+    return frozenset(names)
+
+
+def _env_name(dotted: str) -> str:
+    return ENV_PREFIX + dotted.replace(".", "__").upper()
+
+
+def _refuse_unknown_environment(environ: Mapping[str, str]) -> None:
+    """Raise :class:`SettingsError` for each ``RLPULSE_*`` variable that names no setting.
+
+    A dict setting (``librdkafka``) takes any ``__KEY`` below its name.
+    """
+    known = environment_names()
+    open_ended = tuple(_env_name(path) + "__" for path in _dict_paths(Settings))
+    unknown = sorted(
+        name
+        for name in environ
+        if name.upper().startswith(ENV_PREFIX)
+        and name.upper() not in known
+        and not name.upper().startswith(open_ended)
+    )
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.upper(), sorted(known), n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else "; `rlpulse config show` lists them"
+        lines.append(f"environment variable {name} names no setting{hint}")
+    raise SettingsError("\n".join(lines))
+
+
+def _dict_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted names of the settings that hold a mapping of free keys."""
+    paths: list[str] = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths += _dict_paths(annotation, f"{prefix}{name}.")
+        elif getattr(annotation, "__origin__", None) is dict:
+            paths.append(f"{prefix}{name}")
+    return paths
+
+
 def _refuse_secrets(tree: Mapping[str, Any], where: str) -> None:
     """Secrets come from the environment or a file of their own, never ``where``."""
     for name in sorted(Settings.secret_fields & set(_flatten(tree))):
@@ -850,21 +938,30 @@ def _using_config_file(path: Path | None) -> Iterator[None]:
 
 
 def load_settings(
-    overrides: Mapping[str, Any] | None = None, config_file: Path | None = None
+    overrides: Mapping[str, Any] | None = None,
+    config_file: Path | None = None,
+    *,
+    without: frozenset[str] = frozenset(),
 ) -> Settings:
     """The settings tree: ``overrides`` (dotted or nested keys) over env over file over defaults.
 
     ``overrides`` holds what flags set; ``None`` values mean "not given" and are dropped.
-    ``config_file`` replaces ``$RLPULSE_CONFIG``. Raises :class:`SettingsError`.
+    ``config_file`` replaces ``$RLPULSE_CONFIG``. ``without`` names top-level settings
+    (``{"security"}``) that no source sets: they keep their defaults, for a caller that does
+    not use them. Raises :class:`SettingsError`.
     """
-    given = nest(overrides or {})
+    given = {k: v for k, v in nest(overrides or {}).items() if k not in without}
     _refuse_secrets(given, "a flag")
-    with _using_config_file(config_file):
-        try:
-            return Settings(**given)
-        except ValidationError as exc:
-            origins = explain(overrides, config_file, validate=False)
-            raise SettingsError(_problems(exc, origins)) from None
+    token = _WITHOUT.set(without)
+    try:
+        with _using_config_file(config_file):
+            try:
+                return Settings(**given)
+            except ValidationError as exc:
+                origins = explain(overrides, config_file, validate=False)
+                raise SettingsError(_problems(exc, origins)) from None
+    finally:
+        _WITHOUT.reset(token)
 
 
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:

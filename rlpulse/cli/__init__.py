@@ -7,8 +7,11 @@ commands that need them, so ``rlpulse broker ...`` starts quickly.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from rlpulse import __version__
 from rlpulse.cli.aggregate import aggregate
 from rlpulse.cli.archive import archive_app
 from rlpulse.cli.audit import audit
@@ -32,6 +35,29 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"rlpulse {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print rlpulse's version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """Telemetry and closed-loop control for LLM RL post-training."""
+
+
 app.add_typer(broker_app, name="broker")
 app.add_typer(control_app, name="control")
 app.add_typer(rules_app, name="rules", help="Check, backtest and publish rules files.")

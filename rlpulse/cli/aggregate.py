@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import err, fail, one_line_errors
+from rlpulse.cli.common import default_note, err, fail, one_line_errors
 from rlpulse.offline.aggregate import STDOUT, aggregate_directory, parse_fields
 
 
@@ -31,14 +31,18 @@ def aggregate(
     ] = "step,rank",
     sort_by: Annotated[
         str | None,
-        typer.Option("--sort-by", help="Comma-separated fields to sort by (default: --merge-on)."),
+        typer.Option(
+            "--sort-by",
+            help="Comma-separated fields to sort by. " + default_note("--merge-on"),
+        ),
     ] = None,
 ) -> None:
     """Merge per-rank JSON Lines into one line per merge key, missing values as null.
 
     Fields that several components write become <component>/<field> columns; every line
-    also gets global_step (its step) and aggregated_at (when this ran, UTC). Unreadable
-    lines are reported on stderr with file:line and skipped.
+    also gets global_step (its step) and aggregated_at (when this ran, UTC). System samples
+    (stage system: their step is a sample index) keep rows of their own. Unreadable lines
+    are reported on stderr with file:line and skipped.
     """
     merge_fields = parse_fields(merge_on)
     sort_fields = parse_fields(sort_by) if sort_by is not None else merge_fields

@@ -9,13 +9,16 @@ from typing import Annotated
 import typer
 
 from rlpulse.cli.common import (
+    STARTUP_HELP,
     Bootstrap,
     ConfigFile,
     Prefix,
-    StartupTimeout,
+    StartupTimeoutAlias,
+    either,
     one_line_errors,
     out,
     say,
+    setting_option,
     settings,
 )
 from rlpulse.transport.bootstrap import bootstrap_servers
@@ -27,10 +30,13 @@ archive_app = typer.Typer(
 
 Root = Annotated[
     str | None,
-    typer.Option(help="Archive directory or pyarrow URI (default: $RLPULSE_HOME/archive)."),
+    setting_option(
+        "archive.root", "Archive directory or pyarrow URI.", shown=lambda s: s.archive_root
+    ),
 ]
 RetentionDays = Annotated[
-    float | None, typer.Option(help="Delete records older than this many days (default: 30).")
+    float | None,
+    setting_option("archive.retention_days", "Delete records older than this many days."),
 ]
 
 
@@ -42,19 +48,30 @@ def archive(
     prefix: Prefix = None,
     root: Root = None,
     group: Annotated[
-        str | None, typer.Option(help="Consumer group (default: <prefix>-archive).")
+        str | None,
+        setting_option("archive.group_id", "Consumer group.", shown=lambda s: s.archive_group),
     ] = None,
     roll_bytes: Annotated[
         str | None,
-        typer.Option(help="Write a partition's buffer at this size, e.g. 64MB (default)."),
+        setting_option(
+            "archive.roll_bytes",
+            "Write a partition's buffer at this size (64MB, 1GB, or bytes).",
+            shown=lambda s: s.archive.roll_bytes.human_readable(decimal=True),
+        ),
     ] = None,
     roll_s: Annotated[
         str | None,
-        typer.Option(help="... or when its oldest record waited this long (default: 300s)."),
+        setting_option(
+            "archive.roll_s", "... or when its oldest record waited this long (300s, 10m)."
+        ),
     ] = None,
     retention_days: RetentionDays = None,
-    startup_timeout: StartupTimeout = None,
+    startup_timeout_s: Annotated[
+        float | None,
+        setting_option("archive.startup_timeout_s", STARTUP_HELP, "--startup-timeout-s"),
+    ] = None,
     config: ConfigFile = None,
+    startup_timeout: StartupTimeoutAlias = None,
 ) -> None:
     """Archive events, logs, steps, commands, acks, audits and dead letters until SIGTERM."""
     if ctx.invoked_subcommand is not None:
@@ -71,7 +88,7 @@ def archive(
             "archive.roll_bytes": roll_bytes,
             "archive.roll_s": roll_s,
             "archive.retention_days": retention_days,
-            "archive.startup_timeout_s": startup_timeout,
+            "archive.startup_timeout_s": either(startup_timeout_s, startup_timeout),
         },
     )
     archiver = Archiver(chosen, say)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import ConfigFile, Prefix, one_line_errors, out
+from rlpulse.cli.common import ConfigFile, Prefix, default_note, fail, one_line_errors, out
 from rlpulse.cli.reading import ArchiveRoot, open_for
 from rlpulse.cli.render import print_rows
 
@@ -14,13 +14,17 @@ from rlpulse.cli.render import print_rows
 @one_line_errors
 def audit(
     run: Annotated[
-        str | None, typer.Option(help="Audit this run only (default: every run).")
+        str | None, typer.Option(help="Audit this run only. " + default_note("every run"))
     ] = None,
     archive: ArchiveRoot = None,
     prefix: Prefix = None,
     config: ConfigFile = None,
 ) -> None:
-    """Per producer: records received, duplicates, missing seq ranges; per run and host too."""
+    """Per producer: records received, duplicates, missing seq ranges; per run and host too.
+
+    Exits 1 when records are lost, when --run names a run the archive holds no records of,
+    and when the archive is not there.
+    """
     from rlpulse.streams.archive.audit import audit_runs
 
     con, root = open_for(config, prefix, archive)
@@ -31,6 +35,11 @@ def audit(
     if not audits:
         out.print(f"the archive at {root} holds no runs")
         return
+    report = audits[0].report
+    if run is not None and not (
+        report["producers"] or report["dead_letters"] or report["steps_with_missing_ranks"]
+    ):
+        raise fail(f"{report['summary']} (archive: {root})")
     print_rows(
         ["run", "producer", "host", "rank", "received", "duplicates", "lost", "last seq"],
         [

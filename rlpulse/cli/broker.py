@@ -9,11 +9,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Final, cast
 
 import typer
 
-from rlpulse.cli.common import ConfigFile, Prefix, fail, one_line_errors, out, say, settings
+from rlpulse.cli.common import (
+    ConfigFile,
+    Prefix,
+    default_note,
+    fail,
+    in_force,
+    one_line_errors,
+    out,
+    say,
+    setting_option,
+    settings,
+)
 from rlpulse.local.broker import LocalBroker
 from rlpulse.local.cluster import LocalCluster, is_cluster
 from rlpulse.transport.roles import ROLES, Role, kafka_acls_commands, role_grants
@@ -27,9 +38,16 @@ acl_app = typer.Typer(help="The ACLs of rlpulse's roles.", no_args_is_help=True)
 broker_app.add_typer(user_app, name="user")
 broker_app.add_typer(acl_app, name="acl")
 
+LOCAL_CONTROL_SKIPS: Final = frozenset({"security"})
+"""What the broker commands do not read: they control a local process, and their Kafka clients
+use the broker's own admin credentials (:meth:`LocalBroker.client_settings`)."""
+
 StateDir = Annotated[
     Path | None,
-    typer.Option(help="Where the broker keeps its state (default: $RLPULSE_HOME/broker)."),
+    typer.Option(
+        help="Where the broker keeps its state. "
+        + in_force("home", shown=lambda chosen: chosen.home / "broker")
+    ),
 ]
 
 
@@ -38,7 +56,7 @@ StateDir = Annotated[
 def broker_up(
     port: Annotated[
         int | None,
-        typer.Option(help="Client port, the controller's is port + 1 (default: 9092; 0: free)."),
+        setting_option("broker.port", "Client port, the controller's is port + 1; 0: free ports."),
     ] = None,
     secure: Annotated[
         bool,
@@ -60,7 +78,7 @@ def broker_up(
     config: ConfigFile = None,
 ) -> None:
     """Start the local broker, or a local cluster (or report the running one)."""
-    chosen = settings(config, {"broker.port": port})
+    chosen = settings(config, {"broker.port": port}, without=LOCAL_CONTROL_SKIPS)
     progress = lambda message: say(f"{message}…")  # noqa: E731
     if nodes > 1 or (state_dir is not None and is_cluster(state_dir)):
         if secure:
@@ -84,7 +102,7 @@ def broker_up(
 @one_line_errors
 def broker_down(state_dir: StateDir = None, config: ConfigFile = None) -> None:
     """Stop the local broker (or every node of the local cluster): SIGTERM, then SIGKILL."""
-    chosen = settings(config)
+    chosen = settings(config, without=LOCAL_CONTROL_SKIPS)
     where = state_dir or chosen.home / "broker"
     if is_cluster(where):
         stopped = LocalCluster(chosen, state_dir=where).down()
@@ -97,7 +115,7 @@ def broker_down(state_dir: StateDir = None, config: ConfigFile = None) -> None:
 @one_line_errors
 def broker_status(state_dir: StateDir = None, config: ConfigFile = None) -> None:
     """Say whether the local broker is up and where; exit 1 if it is down."""
-    chosen = settings(config)
+    chosen = settings(config, without=LOCAL_CONTROL_SKIPS)
     where = state_dir or chosen.home / "broker"
     if is_cluster(where):
         cluster = LocalCluster(chosen, state_dir=where)
@@ -134,7 +152,8 @@ def user_add(
     password_file: Annotated[
         Path | None,
         typer.Option(
-            help="Take the password from this file (default: keep the user's, or make one).",
+            help="Take the password from this file. "
+            + default_note("keep the user's, or make one"),
             dir_okay=False,
             exists=True,
         ),
@@ -145,7 +164,7 @@ def user_add(
     config: ConfigFile = None,
 ) -> None:
     """Create a SCRAM user on the secured local broker with exactly the ACLs of a role."""
-    chosen = settings(config, {"prefix": prefix})
+    chosen = settings(config, {"prefix": prefix}, without=LOCAL_CONTROL_SKIPS)
     password = None if password_file is None else password_file.read_text().strip()
     if password_file is not None and not password:
         raise fail(f"{password_file} is empty")

@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from rlpulse.cli.common import ConfigFile, fail, one_line_errors, out, settings
-from rlpulse.settings import explain, masked
+from rlpulse.settings import Settings, explain, masked
+from rlpulse.transport.bootstrap import BrokerRecord, bootstrap_servers, local_broker_dir
 
 config_app = typer.Typer(help="The settings rlpulse runs with.", no_args_is_help=True)
 
@@ -33,6 +34,7 @@ def show(
     """Print every setting: its value (secrets masked) and its source.
 
     Sources, highest first: flag (here: --set), env RLPULSE_..., the config file, default.
+    An unset bootstrap shows the address clients use: the local broker's, else the default.
     """
     flags: dict[str, str] = {}
     for assignment in assignments or []:
@@ -40,13 +42,27 @@ def show(
         if not sep or not name.strip():
             raise fail(f"--set takes NAME=VALUE, got {assignment!r}")
         flags[name.strip()] = value
-    values = masked(settings(config, flags))
+    chosen = settings(config, flags)
+    values = masked(chosen)
     origins = explain(flags, config)
+    if chosen.bootstrap is None:
+        values["bootstrap"], origins["bootstrap"] = _bootstrap_in_use(chosen)
     if json_output:
         for name, value in values.items():
             typer.echo(json.dumps({"name": name, "value": value, "source": origins[name]}))
         return
-    table = Table("setting", "value", "source", box=None, pad_edge=False)
+    table = Table(box=None, pad_edge=False)
+    table.add_column("setting", no_wrap=True, min_width=max(map(len, values)))
+    table.add_column("value", overflow="fold")
+    table.add_column("source", overflow="fold")
     for name, value in values.items():
         table.add_row(name, json.dumps(value), origins.get(name, "default"))
     out.print(table)
+
+
+def _bootstrap_in_use(chosen: Settings) -> tuple[str, str]:
+    """What an unset ``bootstrap`` means now: the address clients use, and why."""
+    record = BrokerRecord.read(local_broker_dir(chosen))
+    if record is not None:
+        return record.bootstrap, f"the local broker (pid {record.pid}, `rlpulse broker up`)"
+    return bootstrap_servers(chosen), "default (no local broker running: 127.0.0.1:broker.port)"

@@ -65,7 +65,7 @@ def diagnose(
     """Summarize the log records that match (counts by level and host, frequent messages)."""
     from rlpulse.schemas.codec import default_codec
     from rlpulse.schemas.topics import Topics
-    from rlpulse.streams.archive.catalog import open_archive
+    from rlpulse.streams.archive.catalog import open_archive, require_archive
     from rlpulse.streams.archive.diagnose import (
         LogFilter,
         directory_connection,
@@ -99,6 +99,7 @@ def diagnose(
         for problem in malformed:
             err.print(f"{problem}; skipped", highlight=False, soft_wrap=True)
     else:
+        require_archive(loaded.archive_root)
         con = open_archive(loaded.archive_root, topics)
         source = loaded.archive_root
     try:

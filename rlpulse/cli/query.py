@@ -30,8 +30,9 @@ def query(
     if output not in FORMATS:
         raise fail(f"--format {output!r}: use one of {', '.join(FORMATS)}")
     from rlpulse.schemas.topics import Topics
-    from rlpulse.streams.archive.catalog import query_archive
+    from rlpulse.streams.archive.catalog import query_archive, require_archive
 
     chosen = settings(config, {"prefix": prefix, "archive.root": archive})
+    require_archive(chosen.archive_root)
     columns, rows = query_archive(chosen.archive_root, Topics(chosen.prefix), sql)
     print_rows(columns, rows, cast(OutputFormat, output))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlpulse.cli.common import settings
+from rlpulse.cli.common import in_force, settings
 
 if TYPE_CHECKING:
     import duckdb
@@ -18,7 +18,8 @@ ArchiveRoot = Annotated[
     str | None,
     typer.Option(
         "--archive",
-        help="Archive directory or pyarrow URI (default: archive.root, $RLPULSE_HOME/archive).",
+        help="Archive directory or pyarrow URI. "
+        + in_force("archive.root", shown=lambda chosen: chosen.archive_root),
     ),
 ]
 Output = Annotated[str, typer.Option("--format", help="table, csv or json (one object per line).")]
@@ -27,9 +28,13 @@ Output = Annotated[str, typer.Option("--format", help="table, csv or json (one o
 def open_for(
     config: Path | None, prefix: str | None, root: str | None
 ) -> tuple[duckdb.DuckDBPyConnection, str]:
-    """A DuckDB connection over the archive the settings name, and its root."""
+    """A DuckDB connection over the archive the settings name, and its root.
+
+    Raises :class:`~rlpulse.streams.archive.exceptions.ArchiveError` when it is not there.
+    """
     from rlpulse.schemas.topics import Topics
-    from rlpulse.streams.archive.catalog import open_archive
+    from rlpulse.streams.archive.catalog import open_archive, require_archive
 
     chosen = settings(config, {"prefix": prefix, "archive.root": root})
+    require_archive(chosen.archive_root)
     return open_archive(chosen.archive_root, Topics(chosen.prefix)), chosen.archive_root

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import Bootstrap, ConfigFile, err, one_line_errors, out, settings
+from rlpulse.cli.common import Bootstrap, ConfigFile, err, in_force, one_line_errors, out, settings
 from rlpulse.producers.replay import replay_spool
 from rlpulse.schemas.topics import Topics
 from rlpulse.transport.bootstrap import bootstrap_servers
@@ -17,7 +17,10 @@ from rlpulse.transport.bootstrap import bootstrap_servers
 def replay(
     directory: Annotated[
         Path | None,
-        typer.Argument(help="A spool directory, searched recursively (default: every run's)."),
+        typer.Argument(
+            help="A spool directory, searched recursively. "
+            + in_force("producer.spool_dir", shown=lambda chosen: chosen.spool_root)
+        ),
     ] = None,
     bootstrap: Bootstrap = None,
     prefix: Annotated[

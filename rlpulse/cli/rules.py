@@ -16,7 +16,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlpulse.cli.common import Bootstrap, ConfigFile, Prefix, one_line_errors, settings
+from rlpulse.cli.common import (
+    Bootstrap,
+    ConfigFile,
+    Prefix,
+    default_note,
+    one_line_errors,
+    settings,
+)
 from rlpulse.offline.backtest import BacktestResult, InputFormat, read_recording, run_backtest
 from rlpulse.rules.exceptions import PresetNotFoundError, RulesFileError
 from rlpulse.rules.loader import list_presets, load_preset, load_rules, load_rules_source
@@ -57,26 +64,30 @@ def check(
 @rules_app.command("publish")
 @one_line_errors
 def publish(
-    path: Annotated[Path, typer.Argument(help="The rules file.", exists=True, dir_okay=False)],
+    source: Annotated[
+        str, typer.Argument(help="The rules file, or a preset name.", metavar="PATH")
+    ],
     bootstrap: Bootstrap = None,
     prefix: Prefix = None,
     config: ConfigFile = None,
 ) -> None:
-    """Validate a rules file and publish it to every worker through the rules topic.
+    """Validate a rules file (or preset) and publish it to every worker through the rules topic.
 
     A file with problems is refused (exit 1) and nothing is published.
     """
     from rlpulse.ops.rules import publish_rules
     from rlpulse.schemas.topics import Topics
 
+    path = Path(source)
+    trouble = "a directory; publish one rules file" if path.is_dir() else _not_found(path)
+    if trouble is not None:
+        typer.echo(f"{path}: {trouble}", err=True)
+        raise typer.Exit(1)
     chosen = settings(config, {"bootstrap": bootstrap, "prefix": prefix})
     try:
-        ruleset = publish_rules(path, chosen)
+        ruleset = publish_rules(source, chosen)
     except RulesFileError as exc:
-        for problem in exc.problems:
-            typer.echo(str(problem), err=True)
-        typer.echo(f"not published: {path} has problems", err=True)
-        raise typer.Exit(1) from None
+        raise refuse_rules(exc, f"not published: {path} has problems") from None
     typer.echo(f"published {path} ({len(ruleset.rules)} rules) to {Topics(chosen.prefix).rules}")
 
 
@@ -90,8 +101,8 @@ def backtest(
         Path,
         typer.Option(
             "--events",
-            help="rlpulse JSON Lines, verl's file-backend JSON Lines, or a directory of "
-            "<component>_rank<N>.jsonl files.",
+            help="rlpulse JSON Lines, verl's file-backend JSON Lines, or per-rank files "
+            "(trainer_rank0.jsonl, ...): their directory, or one of them.",
             exists=True,
         ),
     ],
@@ -108,8 +119,8 @@ def backtest(
     run: Annotated[
         str | None,
         typer.Option(
-            help="Run id of a per-rank directory (default: its name) or a verl file (default: "
-            "its name); with rlpulse JSON Lines, play only this run."
+            help="Play only this run; also the run id of per-rank lines without a run_id, "
+            "and of a verl file. " + default_note("the directory's name; the verl file's name")
         ),
     ] = None,
     input_format: Annotated[
@@ -120,7 +131,8 @@ def backtest(
 
     Prints a table of commands per run (step, stage, rule, actions, reason), or with --json
     one ControlCommand per line: the records the worker would have published, ids included.
-    Unreadable lines and refused events are reported on stderr with file:line and skipped.
+    Unreadable lines and refused events are reported on stderr with file:line and skipped;
+    a recording that yields no event at all is an error (exit 1).
     """
     try:
         joiner = JoinerSettings(grace_s=grace_s, late_window_s=late_window_s)
@@ -137,6 +149,9 @@ def backtest(
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    if result.events == 0:
+        typer.echo(f"error: {_nothing_read(events, result)}", err=True)
+        raise typer.Exit(1)
     if json_output:
         for command in result.commands:
             typer.echo(json.dumps(command))
@@ -152,6 +167,26 @@ def backtest(
         f"{len(result.rejected)} events rejected, {result.duplicates} duplicates dropped",
         err=True,
     )
+
+
+def refuse_rules(exc: RulesFileError, outcome: str) -> typer.Exit:
+    """Print each problem of ``exc`` as ``rules check`` does, then ``outcome``; the exit to raise.
+
+    Plain lines on stderr (no markup: ``[rule-id]`` stays), status 1.
+    """
+    for problem in exc.problems:
+        typer.echo(str(problem), err=True)
+    typer.echo(outcome, err=True)
+    return typer.Exit(1)
+
+
+def _nothing_read(events: Path, result: BacktestResult) -> str:
+    """Why a recording gave no events, in one line."""
+    skipped = [*result.malformed, *result.rejected]
+    if not skipped:
+        return f"no events read from {events}: it holds no lines"
+    lines = "line" if len(skipped) == 1 else "lines"
+    return f"no events read from {events}: {len(skipped)} {lines} skipped, the first: {skipped[0]}"
 
 
 def check_rules_files(paths: Sequence[Path]) -> int:
@@ -184,15 +219,19 @@ def _load(path: Path) -> RuleSet:
     return load_rules(path) if path.exists() else load_preset(str(path))
 
 
+def _not_found(path: Path) -> str | None:
+    """Why ``path`` names no rules (neither a file nor a preset), or ``None`` if it does."""
+    presets = list_presets()
+    if path.exists() or str(path) in presets:
+        return None
+    return f"no such file or directory, nor a preset ({', '.join(presets)})"
+
+
 def _expand(paths: Iterable[Path]) -> Iterator[tuple[Path, str | None]]:
     """Yield each file to check, with why it cannot be checked (``None`` if it can)."""
-    presets = list_presets()
     for path in paths:
         if not path.exists():
-            known = str(path) in presets
-            names = ", ".join(presets)
-            trouble = None if known else f"no such file or directory, nor a preset ({names})"
-            yield path, trouble
+            yield path, _not_found(path)
             continue
         if not path.is_dir():
             yield path, None

@@ -62,7 +62,7 @@ class WorkerProcess(ChildProcess):
             *(() if self.rules is None else ("--rules", self.rules)),
             "--partitions",
             str(self.partitions),
-            "--grace",
+            "--grace-s",
             str(self.grace_s),
             "--data-dir",
             str(self.data_dir),

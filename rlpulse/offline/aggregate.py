@@ -9,7 +9,12 @@ per component, ``<component>/<field>`` (``rollout/timestamp_ns``, ``actor/timest
 so merging loses nothing across components. Within a row and column a later line
 (``timestamp_ns`` order) replaces an earlier one -- the re-run steps of a resumed run, or
 the ranks of one component when ``rank`` is not a merge field -- and is counted as
-overwritten. Columns come in the order they first appear: the merge fields first; every
+overwritten. Lines of a stage whose ``step`` is not a training step -- ``system``, whose
+step is a sample index (:mod:`rlpulse.producers.system`) -- get rows of their own (as if
+``stage`` were a merge field), never mixed into the training step of the same number; and
+lines of different runs (their ``run_id``: runs that shared a ``log_dir`` append to the same
+files) get rows of their own too.
+Columns come in the order they first appear: the merge fields first; every
 row ends with ``global_step`` (its ``step``, the name verl's logs use) and ``aggregated_at``
 (when the aggregation ran, ISO 8601 in UTC).
 """
@@ -25,8 +30,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from rlpulse.producers.jsonl import MalformedLine, RankRecord, read_rank_logs
+from rlpulse.producers.system import SYSTEM_STAGE
 
 __all__ = [
+    "RUN_FIELD",
+    "SAMPLE_STAGES",
     "STDOUT",
     "AggregateSummary",
     "Aggregator",
@@ -37,6 +45,10 @@ __all__ = [
 
 STDOUT: Final = "-"
 """The output file name that means standard output."""
+RUN_FIELD: Final = "run_id"
+"""Lines of different runs (EventLogger writes ``run_id``) never share a row."""
+SAMPLE_STAGES: Final = frozenset({SYSTEM_STAGE})
+"""Stages whose ``step`` numbers samples, not training steps: merged apart from the others."""
 
 
 class Aggregator:
@@ -55,7 +67,9 @@ class Aggregator:
     def add(self, record: RankRecord) -> None:
         """Merge one line into the row of its merge key."""
         values = tuple(record.fields.get(name) for name in self.merge_on)
-        row = json.dumps(values, sort_keys=True)  # hashable, and NaN equals NaN
+        sampled = record.stage if record.stage in SAMPLE_STAGES else None
+        run = None if RUN_FIELD in self.merge_on else record.fields.get(RUN_FIELD)
+        row = json.dumps([*values, sampled, run], sort_keys=True)  # hashable; NaN equals NaN
         self._keys.setdefault(row, values)
         cells = self._cells.setdefault(row, {})
         for name, value in record.fields.items():

@@ -26,9 +26,12 @@ Inputs (:func:`read_recording`, detected from the path):
   fields get defaults (``kind`` metrics, ``attempt`` inferred, ``timestamp_ns`` 0, ``tags``
   empty, ``producer_id`` the file, ``seq`` the line number).
 - a directory in the per-rank layout ``<component>_rank<N>.jsonl``
-  (:mod:`rlpulse.producers.jsonl`): world size = rank files of the component, run id from
-  ``--run`` (default: the directory name), stage from each line. The files are merged by
-  ``timestamp_ns`` (ties by step, rank, component), each keeping its own order.
+  (:mod:`rlpulse.producers.jsonl`), or one such file: the run id is each line's ``run_id``
+  (EventLogger writes it, so runs that share a ``log_dir`` and append to the same files stay
+  apart); a line without one belongs to ``--run`` (default: the directory's name). World
+  size of a run's component = its rank files that hold a line of that run (1 for a single
+  file); stage from each line. The files are merged by ``timestamp_ns`` (ties by step,
+  rank, component), each keeping its own order.
 - verl's file-backend JSON Lines ``{"step": N, "data": {...}}``: rank 0's reduced dict as
   stage ``trainer`` with world size 1; keys (``actor/ppo_kl``) are metric names as they
   are; run id from ``--run`` (default: the file name without ``.jsonl``).
@@ -49,12 +52,14 @@ from typing import Any, Final, TypeGuard, get_args
 
 from rlpulse.producers.jsonl import (
     MalformedLine,
+    RankFile,
     RankRecord,
     list_rank_files,
     number_fields,
+    parse_rank_file,
     read_json_lines,
+    read_rank_file,
     read_rank_logs,
-    world_sizes,
 )
 from rlpulse.rules.evaluator import RuleEngine
 from rlpulse.rules.model import RuleSet
@@ -129,7 +134,8 @@ def detect_format(path: Path) -> InputFormat:
     """Tell the format of a recording from its path and first readable line.
 
     A directory is the per-rank layout; a file is verl's if its first JSON object has a
-    ``data`` object and no ``run_id``, else rlpulse JSON Lines.
+    ``data`` object and no ``run_id``; a file named ``<component>_rank<N>.jsonl`` whose first
+    object has no ``world_size`` is one file of the per-rank layout; else rlpulse JSON Lines.
     """
     if path.is_dir():
         return InputFormat.PER_RANK
@@ -137,8 +143,11 @@ def detect_format(path: Path) -> InputFormat:
         if isinstance(item, MalformedLine):
             continue
         _, found = item
-        is_verl = isinstance(found.get("data"), dict) and "run_id" not in found
-        return InputFormat.VERL if is_verl else InputFormat.RLPULSE
+        if isinstance(found.get("data"), dict) and "run_id" not in found:
+            return InputFormat.VERL
+        if parse_rank_file(path) is not None and "world_size" not in found:
+            return InputFormat.PER_RANK
+        return InputFormat.RLPULSE
     return InputFormat.RLPULSE
 
 
@@ -147,13 +156,15 @@ def read_recording(
 ) -> Iterator[Recorded]:
     """Read a recording in any supported format (see the module docstring), lazily.
 
-    ``run`` names the run of per-rank and verl recordings; for rlpulse JSON Lines it keeps
-    only that run's events. Raises ``ValueError`` for a per-rank directory without rank
-    files, ``OSError`` when the path cannot be read.
+    ``run`` names the run of verl recordings and of per-rank lines without a ``run_id``;
+    for rlpulse JSON Lines and per-rank recordings it keeps only that run's events. Raises
+    ``ValueError`` for a per-rank directory without rank files, ``OSError`` when the path
+    cannot be read.
     """
     chosen = detect_format(path) if input_format is InputFormat.AUTO else input_format
     if chosen is InputFormat.PER_RANK:
-        return read_per_rank(path, run or path.resolve().name)
+        directory = path.resolve() if path.is_dir() else path.resolve().parent
+        return read_per_rank(path, run or directory.name, only=run)
     if chosen is InputFormat.VERL:
         return read_verl_jsonl(path, run or path.name.removesuffix(".jsonl"))
     events = read_rlpulse_jsonl(path)
@@ -177,25 +188,53 @@ def read_rlpulse_jsonl(path: Path) -> Iterator[Recorded]:
         yield RecordedEvent(event, path, number, attempt_given)
 
 
-def read_per_rank(directory: Path, run_id: str) -> Iterator[Recorded]:
-    """Read a per-rank layout directory as the events of run ``run_id``.
+def read_per_rank(source: Path, run_id: str, *, only: str | None = None) -> Iterator[Recorded]:
+    """Read a per-rank layout directory, or one rank file, as events (module docstring).
 
-    Raises ``ValueError`` (when called) if the directory holds no rank files.
+    Lines without a ``run_id`` belong to run ``run_id``; with ``only``, lines of other runs
+    are left out. Raises ``ValueError`` (when called) if a directory holds no rank files or
+    a file is not named like one.
     """
-    files = list_rank_files(directory)
-    if not files:
-        raise ValueError(f"{directory} holds no <component>_rank<N>.jsonl files")
-    sizes = world_sizes(files)
-    return (_rank_event(item, run_id, sizes) for item in read_rank_logs(directory, files))
+    if source.is_dir():
+        files = list_rank_files(source)
+        if not files:
+            raise ValueError(f"{source} holds no <component>_rank<N>.jsonl files")
+    else:
+        file = parse_rank_file(source)
+        if file is None:
+            raise ValueError(f"{source} is not named <component>_rank<N>.jsonl")
+        files = [file]
+    sizes = _run_world_sizes(files, run_id)
+    for item in read_rank_logs(source, files):
+        if isinstance(item, MalformedLine):
+            yield item
+            continue
+        run = _line_run(item, run_id)
+        if only is None or run == only:
+            yield _rank_event(item, run, sizes[run, item.component])
 
 
-def _rank_event(
-    item: RankRecord | MalformedLine, run_id: str, sizes: Mapping[str, int]
-) -> Recorded:
-    if isinstance(item, MalformedLine):
-        return item
+def _line_run(record: RankRecord, default: str) -> str:
+    """The run of a rank file line: its ``run_id`` field, else ``default``."""
+    value = record.fields.get("run_id")
+    return value if isinstance(value, str) and value else default
+
+
+def _run_world_sizes(files: Iterable[RankFile], default_run: str) -> dict[tuple[str, str], int]:
+    """(run, component) -> how many of the component's rank files hold a line of the run."""
+    sizes: dict[tuple[str, str], int] = {}
+    for file in files:
+        runs = {
+            _line_run(i, default_run) for i in read_rank_file(file) if isinstance(i, RankRecord)
+        }
+        for run in runs:
+            sizes[run, file.component] = sizes.get((run, file.component), 0) + 1
+    return sizes
+
+
+def _rank_event(item: RankRecord, run_id: str, world_size: int) -> RecordedEvent:
     attempt = item.attempt
-    event = item.to_event(run_id, sizes[item.component], attempt or 0)
+    event = item.to_event(run_id, world_size, attempt or 0)
     return RecordedEvent(event, item.path, item.line, attempt is not None)
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "RankRecord",
     "list_rank_files",
     "number_fields",
+    "parse_rank_file",
     "rank_log_path",
     "read_json_lines",
     "read_rank_file",
@@ -132,6 +133,15 @@ def rank_log_path(directory: str | os.PathLike[str], component: str, rank: int) 
     return Path(directory) / f"{component}_rank{rank}.jsonl"
 
 
+def parse_rank_file(path: str | os.PathLike[str]) -> RankFile | None:
+    """The :class:`RankFile` that ``path`` names, or ``None`` if its name is not a rank file's."""
+    where = Path(path)
+    found = _RANK_FILE.fullmatch(where.name)
+    if found is None:
+        return None
+    return RankFile(where, found["component"] or DEFAULT_COMPONENT, int(found["rank"]))
+
+
 def list_rank_files(directory: str | os.PathLike[str]) -> list[RankFile]:
     """The rank files directly under ``directory``, sorted by component, then rank.
 
@@ -144,15 +154,15 @@ def list_rank_files(directory: str | os.PathLike[str]) -> list[RankFile]:
         raise NotADirectoryError(f"{root} is not a directory")
     files: dict[tuple[str, int], RankFile] = {}
     for path in sorted(root.iterdir()):
-        found = _RANK_FILE.fullmatch(path.name)
-        if found is None or not path.is_file():
+        file = parse_rank_file(path)
+        if file is None or not path.is_file():
             continue
-        key = (found["component"] or DEFAULT_COMPONENT, int(found["rank"]))
+        key = (file.component, file.rank)
         if key in files:
             raise ValueError(
                 f"{files[key].path.name} and {path.name} are both rank {key[1]} of {key[0]!r}"
             )
-        files[key] = RankFile(path, *key)
+        files[key] = file
     return [files[key] for key in sorted(files)]
 
 

@@ -62,13 +62,16 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
 
     A file that cannot be read raises the ``OSError`` of reading it.
     """
-    raw = Path(path).read_bytes()
+    return _parse_bytes(Path(path).read_bytes(), os.fspath(path))
+
+
+def _parse_bytes(raw: bytes, filename: str) -> RuleSet:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        problem = RuleProblem(os.fspath(path), 1, 1, None, f"not UTF-8 text: {exc.reason}")
+        problem = RuleProblem(filename, 1, 1, None, f"not UTF-8 text: {exc.reason}")
         raise RulesFileError([problem]) from None
-    return parse_rules(text, os.fspath(path))
+    return parse_rules(text, filename)
 
 
 def list_presets() -> list[str]:
@@ -95,6 +98,20 @@ def load_rules_source(source: str | os.PathLike[str]) -> RuleSet:
     if Path(source).exists():
         return load_rules(source)
     return load_preset(os.fspath(source))
+
+
+def read_rules_source(source: str | os.PathLike[str]) -> tuple[bytes, RuleSet]:
+    """The text of ``source`` (a rules file if one exists there, else a preset) and its rules.
+
+    Raises :class:`RulesFileError`, :class:`PresetNotFoundError` or the ``OSError`` of
+    reading the file.
+    """
+    if Path(source).exists():
+        raw = Path(source).read_bytes()
+        return raw, _parse_bytes(raw, os.fspath(source))
+    ruleset = load_preset(os.fspath(source))
+    resource = resources.files("rlpulse.rules").joinpath("presets", f"{source}{_PRESET_SUFFIX}")
+    return resource.read_bytes(), ruleset
 
 
 def parse_rules(text: str, filename: str = "<string>") -> RuleSet:

@@ -444,7 +444,7 @@ class WorkerApp:
             deliveries.append(await self._send_dead_letter(key, encoded, reason, _source(source)))
         signing_key = self.signing_key
         for command in item.commands:
-            self.metrics.commands.labels(command["rule_id"] or "", str(command["dry_run"])).inc()
+            self.metrics.count_command(command["rule_id"], dry_run=command["dry_run"])
             signed = command if signing_key is None else sign(command, signing_key, self.codec)
             deliveries.append(
                 await self.outbox.send(

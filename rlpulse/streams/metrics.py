@@ -7,6 +7,13 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+__all__ = ["GcPauseTimer", "WorkerMetrics", "label_flag"]
+
+
+def label_flag(value: bool) -> str:
+    """A boolean as a Prometheus label value: ``true`` or ``false`` (worker and exporter alike)."""
+    return "true" if value else "false"
+
 
 class WorkerMetrics:
     """The pipeline counters one worker exposes on /metrics."""
@@ -78,6 +85,10 @@ class WorkerMetrics:
             registry=registry,
         )
         ProcessCollector(registry=registry)  # process_cpu_seconds_total, resident memory, ...
+
+    def count_command(self, rule_id: str | None, *, dry_run: bool) -> None:
+        """Count one command issued: ``rlpulse_commands_total{rule_id, dry_run}``."""
+        self.commands.labels(rule_id or "", label_flag(dry_run)).inc()
 
 
 class GcPauseTimer:

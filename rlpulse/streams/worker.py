@@ -96,6 +96,8 @@ def run_worker(settings: Settings, say: Say) -> None:
     worker_app = start_up(settings, say)
     level = settings.worker.log_level
     worker = faust.Worker(worker_app.app, loglevel=level, quiet=True)
+    if not worker.stdout.isatty():
+        worker.spinner = None  # it hides and shows the cursor even where there is none
     # Their debug calls would build a log record per message sent or received.
     for name in ("faust", "aiokafka", "mode"):
         logging.getLogger(name).setLevel(level.upper())

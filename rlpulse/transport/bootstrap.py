@@ -2,7 +2,9 @@
 
 ``bootstrap`` (a flag, ``RLPULSE_BOOTSTRAP``, the config file) when set; otherwise the
 broker that ``rlpulse broker up`` started on this machine, as recorded in
-``<home>/broker/state.json``; otherwise ``127.0.0.1:9092``. Blank means unset everywhere
+``<home>/broker/state.json``; otherwise ``127.0.0.1:<broker.port>``, where ``broker up``
+would start one (``127.0.0.1:9092`` when ``broker.port`` is 0, free ports, which only a
+running broker's record can tell). Blank means unset everywhere
 (the settings model strips it). The record is written by :mod:`rlpulse.local.broker`;
 reading it is a small file read and a signal-0 check of the recorded pid.
 """
@@ -20,6 +22,8 @@ from rlpulse.settings import DEFAULT_BOOTSTRAP, Settings
 __all__ = ["BrokerRecord", "bootstrap_servers", "pid_alive"]
 
 STATE_FILE = "state.json"
+LOCAL_HOST = "127.0.0.1"
+"""Where ``rlpulse broker up`` listens."""
 
 
 @dataclass(frozen=True)
@@ -77,4 +81,7 @@ def bootstrap_servers(settings: Settings) -> str:
     if settings.bootstrap:
         return settings.bootstrap
     record = BrokerRecord.read(local_broker_dir(settings))
-    return record.bootstrap if record is not None else DEFAULT_BOOTSTRAP
+    if record is not None:
+        return record.bootstrap
+    port = settings.broker.port
+    return f"{LOCAL_HOST}:{port}" if port else DEFAULT_BOOTSTRAP

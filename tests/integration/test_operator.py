@@ -66,3 +66,20 @@ def test_unreachable_broker_is_one_clear_error(topics: Topics) -> None:
     result = control("127.0.0.1:1", topics, "stop", "run-x")
     assert result.returncode == 1
     assert "could not publish" in result.stderr
+
+
+def test_a_preset_is_published_as_its_text(kafka_bootstrap: str, topics: Topics) -> None:
+    from importlib import resources
+
+    from tests.integration.topic_reader import read_until
+
+    command = [sys.executable, "-m", "rlpulse", "rules", "publish", "seed"]
+    command += ["--bootstrap", kafka_bootstrap, "--prefix", topics.prefix]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"published seed (2 rules) to {topics.rules}")
+    text = resources.files("rlpulse.rules").joinpath("presets", "seed.yaml").read_bytes()
+    (record,) = read_until(
+        kafka_bootstrap, topics.rules, lambda value: value, lambda got: got != []
+    )
+    assert record == text

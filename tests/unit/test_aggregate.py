@@ -173,3 +173,47 @@ def test_the_recorded_run_merges_into_one_line_per_step_and_rank() -> None:
     missing = next(row for row in rows if (row["step"], row["rank"]) == (33, 5))
     assert missing["reward_mean"] is None and missing["kl_divergence"] is not None
     assert aggregator.overwritten > 0  # steps 36..40 ran twice (the resumed attempt)
+
+
+def test_system_samples_keep_rows_of_their_own(tmp_path: Path) -> None:
+    """A rank's system samples (stage system, step = sample index) share its file."""
+    with RankLogWriter(tmp_path, "trainer", 0, hostname="h0") as writer:
+        for step in range(3):
+            writer.write(step, "actor", {"kl": step / 10}, timestamp_ns=step * 100)
+            writer.write(step, "system", {"process_cpu_seconds_total": step + 0.5},
+                         timestamp_ns=step * 100 + 7)  # fmt: skip
+    outcome = CliRunner().invoke(
+        app, ["aggregate", "--input-dir", str(tmp_path), "--output-file", "-"]
+    )
+    assert outcome.exit_code == 0, outcome.output
+    assert ", 0 values overwritten" in outcome.stderr
+    rows = [json.loads(line) for line in outcome.stdout.splitlines()]
+    assert [(r["step"], r["stage"], r["kl"], r["process_cpu_seconds_total"]) for r in rows] == [
+        (0, "actor", 0.0, None),
+        (0, "system", None, 0.5),
+        (1, "actor", 0.1, None),
+        (1, "system", None, 1.5),
+        (2, "actor", 0.2, None),
+        (2, "system", None, 2.5),
+    ]
+    assert [r["timestamp_ns"] for r in rows] == [0, 7, 100, 107, 200, 207]
+
+
+def test_runs_sharing_a_log_dir_keep_rows_of_their_own(tmp_path: Path) -> None:
+    """EventLogger's lines carry run_id; two runs appending to one file are not merged."""
+    with RankLogWriter(tmp_path, "trainer", 0) as writer:
+        for step in range(2):
+            for run, kl in (("calm", 0.1), ("hot", 0.5)):
+                writer.write(step, "actor", {"kl": kl}, run_id=run, attempt=0,
+                             timestamp_ns=step * 10)  # fmt: skip
+    aggregator = Aggregator(["step", "rank"])
+    for record in read(tmp_path):
+        aggregator.add(record)
+    rows = aggregator.rows(["step"])
+    assert [(r["step"], r["run_id"], r["kl"]) for r in rows] == [
+        (0, "calm", 0.1),
+        (0, "hot", 0.5),
+        (1, "calm", 0.1),
+        (1, "hot", 0.5),
+    ]
+    assert aggregator.overwritten == 0

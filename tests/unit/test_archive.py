@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from rlpulse.cli import app
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.streams.archive.audit import audit_runs
@@ -206,3 +208,38 @@ def test_the_audit_finds_gaps_duplicates_and_clock_offsets(tmp_path: Path) -> No
 def test_bad_sql_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(QueryError, match="no_such_table"):
         query_archive(str(tmp_path), TOPICS, "SELECT * FROM no_such_table")
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(app, [*args, "--prefix", TOPICS.prefix], env={"COLUMNS": "200"})
+
+
+@pytest.mark.parametrize(
+    "command", [["audit"], ["diagnose"], ["query", "SELECT 1"], ["show", "r", "--step", "1"]]
+)
+def test_a_missing_archive_is_an_error(tmp_path: Path, command: list[str]) -> None:
+    missing = tmp_path / "no" / "such" / "dir"
+    outcome = cli(*command, "--archive", str(missing))
+    assert outcome.exit_code == 1, outcome.output
+    assert f"no archive at {missing}" in " ".join(outcome.output.split())
+    assert not missing.exists()
+
+
+def test_auditing_a_run_the_archive_does_not_hold_is_not_ok(tmp_path: Path) -> None:
+    store = ArchiveStore(str(tmp_path))
+    event = {**SAMPLES["TrainerEvent"], "producer_id": "p-a", "seq": 0}
+    flush(store, buffered(tables()["events"], 0, [(0, event, NOW_MS)]))
+    known = cli("audit", "--archive", str(tmp_path))
+    assert known.exit_code == 0, known.output
+    assert f"ok run {event['run_id']}: 1 records" in known.output
+    unknown = cli("audit", "--run", "no-such-run", "--archive", str(tmp_path))
+    assert unknown.exit_code == 1, unknown.output
+    assert "ok run" not in unknown.output
+    assert "run no-such-run: no records in the archive" in " ".join(unknown.output.split())
+
+
+def test_an_error_line_keeps_brackets(tmp_path: Path) -> None:
+    """One-line errors are text, not rich markup: ``[x]`` is not swallowed."""
+    outcome = cli("audit", "--run", "[gpu-0]", "--archive", str(tmp_path))
+    assert outcome.exit_code == 1
+    assert "run [gpu-0]: no records in the archive" in outcome.stderr

@@ -476,3 +476,64 @@ def test_preset_names_are_rules_too() -> None:
     ]
     unknown = cli("--rules", "no-such-preset", "--events", str(VERL))
     assert unknown.exit_code == 1 and "unknown preset 'no-such-preset'" in unknown.stderr
+
+
+# -- files an EventLogger wrote (rlpulse issue 20) ------------------------------------------
+
+
+def write_two_runs(log_dir: Path) -> None:
+    """Two 2-rank runs sharing one ``log_dir``: their lines interleave in the same files.
+
+    The lines carry ``run_id`` and ``attempt``, as EventLogger's local files do; run ``hot``
+    has KL 0.5 from step 10, run ``calm`` 0.1 throughout (the means of both would be 0.3).
+    """
+    writers = [RankLogWriter(log_dir, "trainer", rank) for rank in (0, 1)]
+    for step in range(20):
+        for run, kl in (("calm", 0.1), ("hot", 0.5 if step >= 10 else 0.1)):
+            for writer in writers:
+                ts = (step * 10 + writer.rank) * S
+                writer.write(
+                    step, "actor", {"kl_divergence": kl}, run_id=run, attempt=0, timestamp_ns=ts
+                )
+    for writer in writers:
+        writer.close()
+
+
+def test_runs_sharing_a_log_dir_are_split_by_each_lines_run_id(tmp_path: Path) -> None:
+    log_dir = tmp_path / "logs"
+    write_two_runs(log_dir)
+    result = run_backtest(parse_rules(MEAN_RULES), read_recording(log_dir))
+    assert result.runs == ["calm", "hot"]
+    assert [(c["run_id"], *where([c])[0]) for c in result.commands] == [
+        ("hot", 0, "actor", 12, "kl-guard")
+    ]
+    outcome = cli("--rules", "seed", "--events", str(log_dir))
+    assert outcome.exit_code == 0, outcome.output
+    assert "run calm: no rule fired" in outcome.stdout and "run logs" not in outcome.stdout
+
+
+def test_run_picks_one_run_of_a_shared_log_dir(tmp_path: Path) -> None:
+    write_two_runs(tmp_path)
+    result = run_backtest(parse_rules(MEAN_RULES), read_recording(tmp_path, run="calm"))
+    assert result.runs == ["calm"] and result.commands == [] and result.events == 40
+
+
+def test_one_rank_file_an_event_logger_wrote_is_read(tmp_path: Path) -> None:
+    write_two_runs(tmp_path)
+    path = tmp_path / "trainer_rank0.jsonl"
+    assert detect_format(path) is InputFormat.PER_RANK
+    outcome = cli("--rules", str(FEATURES), "--events", str(path), "--json")
+    assert outcome.exit_code == 0, outcome.output
+    assert "missing field" not in outcome.stderr
+    assert "40 events, 40 step summaries" in outcome.stderr  # rank 0 alone: world size 1
+    result = run_backtest(parse_rules(MEAN_RULES), read_recording(path))
+    assert [c["run_id"] for c in result.commands] == ["hot"]
+
+
+def test_nothing_read_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n')
+    outcome = cli("--rules", "seed", "--events", str(path))
+    assert outcome.exit_code == 1
+    last = outcome.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: no events read from {path}: 2 lines skipped"), last

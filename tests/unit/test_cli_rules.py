@@ -109,3 +109,43 @@ def test_preset_names_are_checked_like_files() -> None:
     code, out, err = check("seed", "verl")
     assert (code, err) == (0, [])
     assert out == ["ok: seed (2 rules)", f"ok: verl ({len(load_preset('verl').rules)} rules)"]
+
+
+TYPO_RULES = """version: 1
+rules:
+  - id: kl-guard
+    metric: kl_divergence
+    when: "> 0.3"
+    actions: [{stop: {}}]
+  - id: reward-drop
+    metric: reward_mean
+    whn: "< 0"
+    actions: [{alert: {severity: warning, message: reward below 0}}]
+"""
+
+
+def test_the_worker_reports_a_bad_rules_file_as_rules_check_does(tmp_path: Path) -> None:
+    """Before connecting; the rule id is kept, one space after the position (rlpulse issue 20)."""
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(TYPO_RULES)
+    _, _, expected = check(typo)
+    assert expected and all("[reward-drop]" in line for line in expected)
+    env = {"COLUMNS": "80", "RLPULSE_BOOTSTRAP": "127.0.0.1:1"}  # never reached
+    result = CliRunner().invoke(app, ["worker", "--rules", str(typo)], env=env)
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert lines[: len(expected)] == expected
+    assert lines[len(expected) :] == [f"not started: {typo} has problems"]
+
+
+def test_publish_takes_a_preset_name_like_every_rules_argument() -> None:
+    """No broker listens at port 1: a preset gets as far as publishing (a file would too)."""
+    env = {"COLUMNS": "200"}
+    args = ["--bootstrap", "127.0.0.1:1", "--prefix", "unit"]
+    preset = CliRunner().invoke(app, ["rules", "publish", "seed", *args], env=env)
+    assert preset.exit_code == 1
+    assert "does not exist" not in preset.output
+    assert "could not publish" in preset.stderr
+    unknown = CliRunner().invoke(app, ["rules", "publish", "no-such-rules", *args], env=env)
+    assert unknown.exit_code == 1
+    assert unknown.stderr.startswith("no-such-rules: no such file or directory, nor a preset (")

@@ -215,3 +215,21 @@ def test_faust_gets_the_same_security(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert isinstance(
         faust_broker_options(Settings(security=only_tls))["broker_credentials"], SSLCredentials
     )
+
+
+def test_local_broker_control_reads_no_security_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``broker down|status`` act on a local process: half-set credentials do not stop them."""
+    monkeypatch.setenv("RLPULSE_SECURITY__PROTOCOL", "SASL_SSL")  # no username, no password
+    with pytest.raises(SettingsError):
+        load_settings()  # a client would be refused
+    status = CliRunner().invoke(app, ["broker", "status"])
+    assert status.exit_code == 1  # down
+    assert status.stdout.startswith("Kafka is down"), status.output
+    assert "security" not in status.output
+    down = CliRunner().invoke(app, ["broker", "down"])
+    assert (down.exit_code, down.stdout) == (0, "Kafka was not running\n")
+    monkeypatch.setenv("RLPULSE_BROKER__PORT", "-1")  # the sections it reads are still checked
+    bad = CliRunner().invoke(app, ["broker", "status"])
+    assert bad.exit_code == 1 and "broker.port (from env RLPULSE_BROKER__PORT)" in bad.stderr

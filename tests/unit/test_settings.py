@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from typer.testing import CliRunner
 
 from rlpulse.cli import app
 from rlpulse.exceptions import SettingsError
-from rlpulse.settings import Settings, explain, load_settings, masked
+from rlpulse.settings import Settings, environment_names, explain, load_settings, masked
 from rlpulse.transport.bootstrap import BrokerRecord, bootstrap_servers
 from rlpulse.transport.clients import client_properties
 
@@ -111,6 +112,16 @@ def test_unset_bootstrap_finds_the_local_broker(tmp_path: Path) -> None:
     assert bootstrap_servers(settings) == "127.0.0.1:9092"
 
 
+def test_unset_bootstrap_without_a_broker_falls_back_to_the_broker_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RLPULSE_BROKER__PORT", "29092")
+    assert bootstrap_servers(Settings()) == "127.0.0.1:29092"
+    assert client_properties(Settings())["bootstrap.servers"] == "127.0.0.1:29092"
+    monkeypatch.setenv("RLPULSE_BROKER__PORT", "0")  # free ports: only a running one has one
+    assert bootstrap_servers(Settings()) == "127.0.0.1:9092"
+
+
 def test_bad_values_are_refused_naming_their_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,13 +144,78 @@ def test_bad_values_are_refused_naming_their_source(
     with pytest.raises(SettingsError, match=rf"worker.grace_sx \(from file {typo}\): Extra"):
         load_settings(config_file=typo)
     monkeypatch.setenv("RLPULSE_WORKER__GRACEX", "3")
-    with pytest.raises(SettingsError, match=r"worker.gracex \(from env RLPULSE_WORKER__GRACEX\)"):
+    with pytest.raises(
+        SettingsError, match="RLPULSE_WORKER__GRACEX names no setting; did you mean"
+    ):
         load_settings()
     monkeypatch.delenv("RLPULSE_WORKER__GRACEX")
     with pytest.raises(SettingsError, match="does not exist"):
         load_settings(config_file=tmp_path / "missing.yaml")
     with pytest.raises(SettingsError, match="not valid YAML"):
         load_settings(config_file=write_config(tmp_path / "bad.yaml", "worker: [\n"))
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("RLPULSE_EXPORTER_PORT", "RLPULSE_EXPORTER__PORT"),  # one underscore
+        ("RLPULSE_WORKR__GRACE_S", "RLPULSE_WORKER__GRACE_S"),  # no such section
+        ("RLPULSE_BOOTSTRAPP", "RLPULSE_BOOTSTRAP"),
+    ],
+)
+def test_a_misspelt_environment_name_is_refused_with_a_did_you_mean(
+    monkeypatch: pytest.MonkeyPatch, name: str, meant: str
+) -> None:
+    monkeypatch.setenv(name, "10")
+    expected = f"environment variable {name} names no setting; did you mean {meant}?"
+    with pytest.raises(SettingsError, match=re.escape(expected)):
+        Settings()
+    with pytest.raises(SettingsError, match=re.escape(expected)):
+        load_settings()
+    shown = CliRunner().invoke(app, ["config", "show"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 1 and expected in " ".join(shown.stderr.split())
+    assert "Traceback" not in shown.output
+
+
+def test_environment_names_outside_the_tree_and_free_keys_still_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("RLPULSE_CONFIG", "RLPULSE_TRACE_CONTEXT", "RLPULSE_FUZZ_SEED", "RLPULSE_LOG_DIR"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("RLPULSE_WORKER", '{"grace_s": 4}')  # a whole section, as JSON
+    monkeypatch.setenv("RLPULSE_LIBRDKAFKA__SOCKET_TIMEOUT_MS", "5000")
+    settings = Settings()
+    assert settings.worker.grace_s == 4
+    assert settings.librdkafka == {"socket_timeout_ms": "5000"}
+
+
+# Names the tests below set on purpose to see them refused.
+_MISSPELT_ON_PURPOSE = {
+    "RLPULSE_WORKER__GRACEX", "RLPULSE_EXPORTER_PORT", "RLPULSE_WORKR__GRACE_S",
+    "RLPULSE_BOOTSTRAPP",
+}  # fmt: skip
+
+
+def test_every_rlpulse_variable_the_repository_names_is_accepted() -> None:
+    """A variable read outside the tree must be listed in OUTSIDE_ENV, or it would be refused."""
+    root = Path(__file__).resolve().parents[2]
+    found: dict[str, Path] = {}
+    for folder in ("rlpulse", "tests", "benchmarks", "compose"):
+        for path in (root / folder).rglob("*"):
+            if path.is_file() and path.suffix in {".py", ".conf", ".yml", ".yaml", ".md", ""}:
+                for name in re.findall(
+                    r"\bRLPULSE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text("utf-8", "replace")
+                ):
+                    found.setdefault(name, path)
+    known = environment_names()
+    refused = {
+        name: str(path.relative_to(root))
+        for name, path in found.items()
+        if name not in known
+        and name not in _MISSPELT_ON_PURPOSE
+        and not name.startswith("RLPULSE_LIBRDKAFKA__")
+    }
+    assert refused == {}
 
 
 def test_settings_are_frozen_and_updated_by_copy(tmp_path: Path) -> None:

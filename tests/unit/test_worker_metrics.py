@@ -6,7 +6,7 @@ import gc
 
 from prometheus_client import CollectorRegistry
 
-from rlpulse.streams.metrics import GcPauseTimer, WorkerMetrics
+from rlpulse.streams.metrics import GcPauseTimer, WorkerMetrics, label_flag
 
 
 def test_every_collection_is_timed_by_generation() -> None:
@@ -33,3 +33,19 @@ def test_process_metrics_are_exported() -> None:
     WorkerMetrics(registry)
     assert (registry.get_sample_value("process_resident_memory_bytes") or 0) > 0
     assert registry.get_sample_value("process_cpu_seconds_total") is not None
+
+
+def test_a_command_is_counted_with_dry_run_as_the_exporter_writes_it() -> None:
+    """``dry_run="false"``/``"true"``: the exporter's spelling, not Python's ``False``."""
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry)
+    metrics.count_command("kl-guard", dry_run=False)
+    metrics.count_command("kl-guard", dry_run=True)
+    metrics.count_command(None, dry_run=False)  # an operator command has no rule
+    for labels in (
+        {"rule_id": "kl-guard", "dry_run": "false"},
+        {"rule_id": "kl-guard", "dry_run": "true"},
+        {"rule_id": "", "dry_run": "false"},
+    ):
+        assert registry.get_sample_value("rlpulse_commands_total", labels) == 1
+    assert label_flag(False) == "false" and label_flag(True) == "true"

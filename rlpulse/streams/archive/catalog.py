@@ -25,11 +25,18 @@ import pyarrow.fs as pafs
 
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.topics import Topics
-from rlpulse.streams.archive.exceptions import QueryError
+from rlpulse.streams.archive.exceptions import ArchiveError, QueryError
 from rlpulse.streams.archive.store import ArchiveStore
 from rlpulse.streams.archive.tables import PARTITION_COLUMNS, Table, tables_of
 
-__all__ = ["VIEWS", "open_archive", "query_archive", "register_logs", "run_sql"]
+__all__ = [
+    "VIEWS",
+    "open_archive",
+    "query_archive",
+    "register_logs",
+    "require_archive",
+    "run_sql",
+]
 
 VIEWS: Final = ("events", "logs", "steps", "commands", "acks", "audits", "dead_letters")
 _HIVE: Final = ds.partitioning(pa.schema(list(PARTITION_COLUMNS)), flavor="hive")
@@ -47,6 +54,15 @@ def _dataset(store: ArchiveStore, table: Table) -> ds.Dataset | pa.Table:
 
 def _time(column: str) -> str:
     return f"make_timestamp({column} // 1000) AS time"
+
+
+def require_archive(root: str) -> None:
+    """Raise :class:`ArchiveError` unless an archive directory is at ``root``.
+
+    Readers call it: a mistyped root would otherwise read as an empty archive.
+    """
+    if not ArchiveStore(root).exists():
+        raise ArchiveError(f"no archive at {root}: no such directory (see --archive, archive.root)")
 
 
 def open_archive(

@@ -51,6 +51,10 @@ class ArchiveStore:
         self.local = isinstance(self.fs, pafs.LocalFileSystem)
         """Whether the archive is a local directory (crash-safe renames)."""
 
+    def exists(self) -> bool:
+        """Whether the root is there, as a directory (what the archiver writes into)."""
+        return bool(self.fs.get_file_info(self.base).type == pafs.FileType.Directory)
+
     def path(self, relative: str) -> str:
         """The full path of ``relative`` under the root."""
         return f"{self.base}/{relative}"

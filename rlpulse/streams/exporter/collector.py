@@ -26,6 +26,7 @@ from prometheus_client.samples import Sample
 
 from rlpulse.streams.exporter.naming import DropReason, is_counter, rank_help
 from rlpulse.streams.exporter.state import ExporterState
+from rlpulse.streams.metrics import label_flag
 
 __all__ = [
     "FAMILIES",
@@ -198,10 +199,6 @@ PROCESS_FAMILIES: Final = (
 """What prometheus-client's process collector adds about the exporter's own process."""
 
 
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
 class ExporterCollector(Collector):
     """Renders an :class:`ExporterState` (guarded by ``lock``) as Prometheus families."""
 
@@ -276,13 +273,13 @@ class ExporterCollector(Collector):
                 runs["rlpulse_run_stopped"].add_metric((run_id, rule), 1)
             for (rule, action, dry_run), count in run.commands.items():
                 runs["rlpulse_run_commands_total"].add_metric(
-                    (run_id, rule, action, _flag(dry_run)), count
+                    (run_id, rule, action, label_flag(dry_run)), count
                 )
             for (rule, status), count in run.acks.items():
                 runs["rlpulse_run_acks_total"].add_metric((run_id, rule, status), count)
             for (rule, actions, dry_run), issued_s in run.last_command_s.items():
                 runs["rlpulse_run_last_command_timestamp_seconds"].add_metric(
-                    (run_id, rule, actions, _flag(dry_run)), issued_s
+                    (run_id, rule, actions, label_flag(dry_run)), issued_s
                 )
             for (host, kind), count in run.host_events.items():
                 runs["rlpulse_host_events_total"].add_metric((run_id, host, kind), count)

@@ -1,0 +1,23 @@
+"""What ``rlpulse worker`` writes when its output is a file, not a terminal (rlpulse issue 20)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlpulse.local.worker_process import WorkerProcess
+from rlpulse.schemas.topics import Topics
+
+pytestmark = pytest.mark.broker
+
+
+def test_a_worker_writing_to_a_file_writes_no_terminal_codes(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    with WorkerProcess(kafka_bootstrap, topics.prefix, log, partitions=3) as worker:
+        worker.wait_consuming()
+    text = log.read_text(errors="replace")
+    assert "rules from seed" in text
+    assert "\x1b" not in text and "\b" not in text, repr(text[:400])
