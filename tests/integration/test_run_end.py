@@ -213,12 +213,18 @@ def test_a_killed_run_is_audited_after_its_silence_and_again_when_resumed(
     with archiver_at(
         kafka_bootstrap, topics, tmp_path, **{"archive.audit_silent_after_s": silent_s}
     ) as archiver:
-        trainer = start(torchrun(2, LOOP, *loop_args(kafka_bootstrap, topics, run_id)))
+        pids = tmp_path / "pids"
+        pids.mkdir()
+        args = loop_args(kafka_bootstrap, topics, run_id, "--pid-dir", str(pids))
+        trainer = start(torchrun(2, LOOP, *args))
         try:
             wait_for_step(kafka_bootstrap, topics, run_id, 5)
+            for rank in (0, 1):
+                os.kill(int((pids / f"rank{rank}.pid").read_text()), signal.SIGKILL)
+            log, _ = trainer.communicate(timeout=RUN_TIMEOUT_S)
         finally:
             kill_group(trainer)
-        assert trainer.returncode == -signal.SIGKILL
+        assert trainer.returncode != 0, log[-5000:]  # torchrun: its ranks died
         killed_at = time.monotonic()
         (silent,) = audits_of(archiver, topics, run_id)
         assert time.monotonic() - killed_at >= silent_s

@@ -4,7 +4,8 @@ Run as one process or under ``torchrun --nproc_per_node N`` (gloo, CPU). Every r
 step: log stage ``actor`` (``kl_divergence`` 0.1, or 0.5 from ``--kl-from`` on), poll the
 commands (rank 0 polls, ``torch_broadcast`` hands them to every rank), ack the ones that are
 not a stop, then ``exit_if_stopped(step)``. A run no command stops ends after ``--steps``
-with ``link.close()``.
+with ``link.close()``. With ``--pid-dir``, each rank writes its process id to
+``rank<N>.pid`` there first (torchrun starts the ranks in sessions of their own).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -28,12 +30,15 @@ def main() -> None:
     parser.add_argument("--kl-from", type=int, default=0, help="0: KL stays low")
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--step-s", type=float, default=0.1)
+    parser.add_argument("--pid-dir", type=Path)
     options = parser.parse_args()
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
         dist.init_process_group("gloo")
     rank = int(os.environ.get("RANK", "0"))
+    if options.pid_dir is not None:
+        (options.pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     link = RunLink(
         options.run_id,
         rank=rank,
