@@ -232,6 +232,7 @@ def test_a_killed_run_is_audited_after_its_silence_and_again_when_resumed(
         assert silent["producers"] == 2 and silent["received"] >= 2 * 5, silent
         assert "The run sent no run_end: audited after" in silent["summary"], silent
         assert f"audit: run {run_id}:" in archiver.log_text()
+        print(silent["summary"])
 
         # The run resumes (attempt 1) and ends: audited again, a run that ended this time.
         more = ("--attempt", "1", "--steps", "3")

@@ -392,7 +392,7 @@ class Archiver:
         report = audit.report
         if silent_s is not None:
             report["summary"] += (
-                f" The run sent no run_end: audited after {silent_s:.0f} s without a record."
+                f" The run sent no run_end: audited after {silent_s:.0f} s without an event."
             )
             self.counts.silent_audits += 1
         if behind:
