@@ -492,6 +492,12 @@ class ArchiveSettings(_Section):
         ge=0,
         description="How long an audit waits for other archivers to write the run's records.",
     )
+    audit_silent_after_s: Seconds = Field(
+        default=600.0,
+        gt=0,
+        description="A run with no run_end whose trainers sent nothing for this long (they "
+        "died) is audited then; again when it resumes and ends.",
+    )
     startup_timeout_s: Seconds = Field(
         default=120.0, gt=0, description="How long start-up waits for Kafka."
     )

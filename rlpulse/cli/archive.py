@@ -103,7 +103,7 @@ def archive(
         f"archiver stopped: {counts.records} records in {counts.files} files "
         f"({counts.flushes} flushes), {counts.undecodable} undecodable, "
         f"{counts.recovered} unfinished flushes redone, {counts.pruned} files pruned, "
-        f"{counts.audits} audits"
+        f"{counts.audits} audits ({counts.silent_audits} of runs silent without a run_end)"
     )
 
 

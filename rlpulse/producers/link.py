@@ -9,6 +9,7 @@ from types import TracebackType
 from rlpulse.producers.attempts import resume_attempt, write_attempt
 from rlpulse.producers.bus import Broadcast, CommandBus
 from rlpulse.producers.control import ControlClient
+from rlpulse.producers.ending import CLOSED, FINISHED, RunEnding, stopped_by
 from rlpulse.producers.exceptions import EXIT_STOPPED_BY_RULE, StopRequested
 from rlpulse.producers.logger import EventLogger
 from rlpulse.producers.system import SystemSampler
@@ -56,6 +57,16 @@ class RunLink:
     ``link.exit_if_stopped(step)``. ``link.close()`` at the end (also run at
     interpreter exit). Construction does no network I/O.
 
+    Each run attempt ends with one ``run_end`` event, from rank 0, whose ``message`` says
+    why (:mod:`rlpulse.producers.ending`): the first of :meth:`run_end` (``training
+    finished`` unless told otherwise), :meth:`exit_if_stopped` (``stopped by command <id>
+    (<rule>)``) and :meth:`close` (the stop's reason after a stop, else ``closed``) sends
+    it, and no later one. A plain :meth:`close` ends the run too: it is the call at the end
+    of training. Not ended: a ``with`` block left by an error (an exception other than the
+    stop and ``sys.exit(0)``), and a link the program never closed (closed at interpreter
+    exit) — a crash, perhaps restarted; the archiver audits such a run once it has been
+    silent for ``archive.audit_silent_after_s``.
+
     With ``producer.system_metrics_interval_s`` set, the link also samples its process's CPU,
     memory and GPU from the first event on, in stage ``system`` (see
     :mod:`rlpulse.producers.system`).
@@ -91,6 +102,8 @@ class RunLink:
         """How rank 0's commands reach every rank."""
         self.stop_command: ControlCommand | None = None
         """The first command with a ``stop`` action returned by :meth:`poll_commands`."""
+        self.ending = RunEnding(self.events.rank)
+        """Whether (and why) this attempt's ``run_end`` was sent (rank 0 only sends one)."""
         interval = settings.producer.system_metrics_interval_s
         self.system = SystemSampler(self.events, interval) if interval is not None else None
         """The system-metrics sampler, when ``producer.system_metrics_interval_s`` is set."""
@@ -213,11 +226,19 @@ class RunLink:
             self.system.start()
         self.events.run_start(step)
 
-    def run_end(self, step: int) -> None:
-        """Publish a ``run_end`` event (system sampling stops); see :meth:`EventLogger.run_end`."""
+    def run_end(self, step: int, reason: str = FINISHED) -> bool:
+        """End the run attempt at ``step``: rank 0 publishes ``run_end`` with ``reason``, once.
+
+        Returns whether this call published it: False on other ranks and once a
+        ``run_end`` was sent (by this method, :meth:`exit_if_stopped` or :meth:`close`).
+        System sampling stops on every rank.
+        """
         if self.system is not None:
             self.system.stop()
-        self.events.run_end(step)
+        if not self.ending.claim(reason):
+            return False
+        self.events.run_end(step, reason)
+        return True
 
     def poll_commands(
         self, timeout_s: float = 0.0, *, step: int | None = None
@@ -275,8 +296,9 @@ class RunLink:
 
         Call it at the end of a step, after the command's other actions (such as its
         checkpoint) were applied. Rank 0 acks the stop command ``applied`` (with
-        ``stopped_at_step``) unless that was done, the link is closed (events
-        flushed), and :class:`StopRequested` is raised: uncaught, the process exits
+        ``stopped_at_step``) unless that was done and ends the run (``run_end`` at
+        ``step``, default the last metrics step, unless one was sent), the link is closed
+        (events flushed), and :class:`StopRequested` is raised: uncaught, the process exits
         with ``exit_code``, by default :data:`EXIT_STOPPED_BY_RULE` (0: launchers do
         not restart it; see its documentation).
         """
@@ -288,6 +310,7 @@ class RunLink:
         ):
             detail = {} if step is None else {"stopped_at_step": str(step)}
             self.control.ack(command, "applied", applied_at_step=step, detail=detail)
+        self.run_end(self.events.last_step if step is None else step, stopped_by(command))
         self.close()
         raise StopRequested(command["command_id"], command["reason"], exit_code)
 
@@ -301,8 +324,17 @@ class RunLink:
         """Wait for queued events; return how many remain (see :meth:`EventLogger.flush`)."""
         return self.events.flush(timeout_s)
 
-    def close(self, timeout_s: float | None = None) -> int:
-        """Close the control client, then the logger; return the events spooled at close."""
+    def close(self, timeout_s: float | None = None, *, end: bool = True) -> int:
+        """End the run unless it was ended, close the control client, then the logger.
+
+        Returns the events spooled at close. With ``end`` (the default), rank 0 of a link
+        that logged anything sends ``run_end`` at the last metrics step unless one was
+        sent: the stop's reason after a polled ``stop``, else ``closed``. ``end=False``
+        closes without it. A second call does nothing.
+        """
+        if end and self.events.logged and not self.events.closed:
+            reason = CLOSED if self.stop_command is None else stopped_by(self.stop_command)
+            self.run_end(self.events.last_step, reason)
         if self.system is not None:
             self.system.stop()
         if self.control is not None:
@@ -318,4 +350,11 @@ class RunLink:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        self.close(end=_ends_the_run(exc))
+
+
+def _ends_the_run(exc: BaseException | None) -> bool:
+    """Whether leaving a ``with`` block with ``exc`` ends the run: not after a crash."""
+    if exc is None or isinstance(exc, StopRequested):
+        return True
+    return isinstance(exc, SystemExit) and exc.code in (0, None)

@@ -434,9 +434,13 @@ class EventLogger:
         """Publish a ``run_start`` event (``step`` is where this attempt starts)."""
         self.log({}, step, kind="run_start")
 
-    def run_end(self, step: int) -> None:
-        """Publish a ``run_end`` event; the joiner closes the run's open steps."""
-        self.log({}, step, kind="run_end")
+    def run_end(self, step: int, reason: str | None = None) -> None:
+        """Publish a ``run_end`` event, ``reason`` as its message; the joiner closes open steps.
+
+        It sends one each call: :meth:`RunLink.run_end <rlpulse.producers.link.RunLink.run_end>`
+        is the once-per-run, rank-0-only way.
+        """
+        self.log({}, step, kind="run_end", message=reason)
 
     def flush(self, timeout_s: float = 10.0) -> int:
         """Wait up to ``timeout_s`` for librdkafka's queue to be delivered.

@@ -23,6 +23,7 @@ from rlpulse.producers import EXIT_STOPPED_BY_RULE
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, TrainerEvent
 from rlpulse.schemas.topics import Topics
+from tests.integration.test_run_end import run_ends
 from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at
 
@@ -139,6 +140,10 @@ def test_an_operator_stop_saves_and_stops_every_rank_at_one_step(
     logged = [e for e in events if e["stage"] == "trainer" and e["kind"] == "metrics"]
     assert {(e["rank"], e["world_size"]) for e in logged} == {(0, 1)}
     assert "loss" in logged[0]["metrics"] and "grad_norm" in logged[0]["metrics"]
+    # on_train_end, exit_if_stopped and close each may end the run: rank 0's first did
+    assert run_ends(kafka_bootstrap, topics, run_id) == [
+        (0, 0, f"stopped by command {stop['command_id']} (operator)")
+    ]
 
 
 def test_resuming_from_a_checkpoint_starts_a_new_attempt(

@@ -275,8 +275,10 @@ def test_run_link_round_trip(kafka_bootstrap: str, topics: Topics) -> None:
         assert link.ack(commands[0], "applied", applied_at_step=3)
         assert link.flush(WAIT_S) == 0
     codec = default_codec()
-    (event,) = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 1)]
+    event, end = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 2)]
     assert (event["attempt"], event["world_size"], event["stage"]) == (2, 4, "actor")
+    # leaving the with block closed the link, which ended the run (a scale command is no stop)
+    assert (end["kind"], end["attempt"], end["step"], end["message"]) == ("run_end", 2, 3, "closed")
     (ack,) = [codec.decode_ack(v) for _, v in read_topic(kafka_bootstrap, topics.acks, 1)]
     assert (ack["command_id"], ack["attempt"], ack["status"]) == ("run-l-2-stop", 2, "applied")
 

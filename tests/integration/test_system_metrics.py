@@ -46,4 +46,8 @@ def test_each_rank_samples_its_process_off_the_training_thread(
         assert all(e["metrics"]["process_resident_memory_bytes"] > 0 for e in mine)
         assert all(e["world_size"] == 2 and e["timestamp_ns"] < closed_at for e in mine)
     quiet_events = events_of(kafka_bootstrap, topics, "quiet", 2.0)
-    assert [e["stage"] for e in quiet_events] == ["actor"]  # off unless set
+    # off unless set; close() ended the run
+    assert [(e["kind"], e["stage"]) for e in quiet_events] == [
+        ("metrics", "actor"),
+        ("run_end", "trainer"),
+    ]

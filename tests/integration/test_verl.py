@@ -33,6 +33,7 @@ from rlpulse.producers.integrations.verl_trainer import VerlTrainerActions, batc
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import Action, CommandAck, TrainerEvent
 from rlpulse.schemas.topics import Topics
+from tests.integration.test_run_end import run_ends
 from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at
 
@@ -331,9 +332,11 @@ def test_tracking_publishes_each_step_by_stage(kafka_bootstrap: str, topics: Top
     for step in (1, 2):
         tracking.log(data={**STEP_METRICS, "training/global_step": step}, step=step)
     tracking.finish()
+    tracking.finish()  # again, as Tracking.__del__ does: the run ended once
 
     events = events_of(kafka_bootstrap, topics, "verl-run", 2 + 2 * 4)
     assert [e["kind"] for e in (events[0], events[-1])] == ["run_start", "run_end"]
+    assert run_ends(kafka_bootstrap, topics, "verl-run") == [(0, 0, "training finished")]
     metrics = [e for e in events if e["kind"] == "metrics"]
     assert {(e["stage"], e["step"]) for e in metrics} == {
         (stage, step) for stage in ("actor", "critic", "rollout", "trainer") for step in (1, 2)
@@ -391,6 +394,9 @@ def test_commands_act_on_the_trainer_whose_fit_built_the_tracking(
     assert acks[shrink["command_id"]]["status"] == "rejected"
     assert "no multiple of 64" in acks[shrink["command_id"]]["detail"]["scale_rollout_batch.reason"]
     assert trainer.config.data.train_batch_size == 128
+    assert run_ends(kafka_bootstrap, topics, run_id) == [
+        (0, 0, f"stopped by command {stop['command_id']} (operator)")
+    ]
 
 
 @pytest.mark.broker

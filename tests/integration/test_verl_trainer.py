@@ -58,6 +58,7 @@ from rlpulse.producers.integrations import verl as integration
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, TrainerEvent
 from rlpulse.schemas.topics import Topics
+from tests.integration.test_run_end import run_ends
 from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at
 
@@ -335,6 +336,7 @@ def test_v1_trainer_fit_builds_the_tracking_that_commands_act_on(
     stopped_at = log_steps_until_stopped(tracking, trainer, first_step=trainer.global_steps)
     assert trainer.total_training_steps == stopped_at  # the v1 loop ends after this step
     tracking.finish(exit_code=0)  # what TaskRunnerV1.run does when fit() returns
+    tracking.finish()  # and what Tracking.__del__ does later
 
     (ack,) = acks_for(kafka_bootstrap, topics, run_id)
     assert (ack["command_id"], ack["status"]) == (stop_id, "applied")
@@ -344,6 +346,9 @@ def test_v1_trainer_fit_builds_the_tracking_that_commands_act_on(
     assert (events[0]["kind"], events[0]["step"]) == ("run_start", 0)
     assert (events[-1]["kind"], events[-1]["step"]) == ("run_end", stopped_at)
     assert all(event["tags"] == {"framework": "verl"} for event in events)
+    assert run_ends(kafka_bootstrap, topics, run_id) == [
+        (0, 0, f"stopped by command {stop_id} (operator)")
+    ]
 
 
 @pytest.mark.broker
@@ -401,3 +406,6 @@ def test_legacy_trainer_fit_builds_the_tracking_that_commands_act_on(
     events = run_events(kafka_bootstrap, topics, run_id)
     assert (events[0]["kind"], events[0]["step"]) == ("run_start", 0)
     assert (events[-1]["kind"], events[-1]["step"]) == ("run_end", stopped_at + 1)
+    assert run_ends(kafka_bootstrap, topics, run_id) == [
+        (0, 0, f"stopped by command {stop_id} (operator)")
+    ]

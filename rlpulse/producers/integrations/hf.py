@@ -60,6 +60,7 @@ from transformers import (
 )
 
 from rlpulse.producers.bus import Broadcast
+from rlpulse.producers.ending import FINISHED, stopped_by
 from rlpulse.producers.exceptions import InvalidValueError
 from rlpulse.producers.integrations.canonical import (
     TRL_NAMES,
@@ -233,11 +234,11 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
     ) -> None:
-        """Rank 0 publishes ``run_end``; the link is closed unless a stop is still to exit."""
+        """Rank 0 publishes ``run_end`` once; the link is closed unless a stop is still to exit."""
         link = self._require_link()
         self._ack_saves(state.global_step, saved=False)
-        if link.rank == 0:
-            link.run_end(int(state.global_step))
+        stop = link.stop_command
+        link.run_end(int(state.global_step), FINISHED if stop is None else stopped_by(stop))
         if link.stop_command is None:
             link.close()
         else:

@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlpulse.exceptions import SettingsError
+from rlpulse.producers.ending import exited, stopped_by
 from rlpulse.producers.integrations import verl_workers
 from rlpulse.producers.integrations.canonical import VERL_NAMES, canonical_metrics
 from rlpulse.producers.integrations.commands import (
@@ -219,7 +220,8 @@ class RlpulseBackend:
             log.warning("command %s: the run ended before step %d", command["command_id"], due)
             self.link.ack(command, "failed", applied_at_step=self.last_step, detail=detail)
         self._due.clear()
-        self.link.run_end(self.last_step)
+        stop = self.link.stop_command
+        self.link.run_end(self.last_step, exited(exit_code) if stop is None else stopped_by(stop))
         self.link.close()
 
     def _handlers(self) -> dict[str, ActionHandler]:

@@ -22,11 +22,20 @@ a flush; the audit would show the duplicates.
 
 Retention: every ``prune_interval_s``, :func:`~rlpulse.streams.archive.prune.prune`.
 
-Audits: a ``run_end`` event schedules an audit of its run ``audit_delay_s`` later. The
-archiver then notes the end offsets of every events and logs partition, writes out its own
-buffers, and waits (up to ``audit_wait_s``) until the archive holds every partition up to
-those offsets (other archivers write theirs within ``roll_s``); then it audits the run
-(:mod:`rlpulse.streams.archive.audit`) and publishes the report to ``<prefix>.audits``.
+Audits: a ``run_end`` event schedules an audit of its run ``audit_delay_s`` later; so does
+silence: a run whose last event this archiver read was not a ``run_end`` and that sent no
+event for ``audit_silent_after_s`` more (its trainer died, or ended without a ``run_end``)
+is audited then, its report saying so. A run that sends again after its audit is audited
+again when it ends or falls silent again. Only events count (a run's events, run_end
+included, are all in one partition, so the one archiver that owns it sees both), measured
+from when this archiver read them: a restarted archiver does not audit the silent runs its
+predecessor had archived in full (``rlpulse audit`` does, on demand).
+
+For an audit, the archiver notes the end offsets of every events and logs partition,
+writes out its own buffers, and waits (up to ``audit_wait_s``) until the archive holds
+every partition up to those offsets (other archivers write theirs within ``roll_s``); then
+it audits the run (:mod:`rlpulse.streams.archive.audit`) and publishes the report to
+``<prefix>.audits``.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 POLL_S = 0.5
 AUDIT_RECHECK_S = 2.0
+SILENCE_CHECK_S = 1.0
 WATERMARK_TIMEOUT_S = 10.0
 
 
@@ -77,13 +87,18 @@ class ArchiverCounts:
     pruned: int = 0
     """Files deleted for retention."""
     audits: int = 0
+    silent_audits: int = 0
+    """Audits of runs that fell silent without a ``run_end`` (counted in ``audits`` too)."""
 
 
 @dataclass
 class _PendingAudit:
     run_id: str
     due: float
+    silent_s: float | None = None
+    """None after a ``run_end``; else how long the run had been silent."""
     targets: dict[tuple[str, int], int] | None = None
+    targets_at: float = 0.0
     deadline: float = 0.0
     behind: list[str] = field(default_factory=list)
 
@@ -109,6 +124,10 @@ class Archiver:
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self._audits: dict[str, _PendingAudit] = {}
+        # run -> (when its last event, not a run_end, was read; its events partition)
+        self._heard: dict[str, tuple[float, int]] = {}
+        self._watched = (self.topics.events, self.topics.logs)
+        self._next_silence_check = 0.0
         self._next_prune = 0.0
         self._warn = WarnOnce(log)
 
@@ -141,6 +160,7 @@ class Archiver:
                 now = time.monotonic()
                 self._roll(now)
                 self._prune_if_due(now)
+                self._audit_silent(now)
                 self._audit_if_due(now)
         finally:
             try:
@@ -179,6 +199,7 @@ class Archiver:
             if buffer is not None:
                 self._flush(buffer)
             self._expected.pop((tp.topic, tp.partition), None)
+        self._forget_heard(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:  # another member may own them already: write nothing
@@ -189,12 +210,15 @@ class Archiver:
                     f"{tp.topic} partition {tp.partition} was lost (session timeout); "
                     f"{dropped.records} buffered records will be archived by its new owner"
                 )
+        self._forget_heard(partitions)
 
     # -- records ----------------------------------------------------------------------------
 
     def _take_all(self, messages: list[Message]) -> None:
         """Buffer a batch of messages (the hot loop: kept free of per-message lookups)."""
         buffers, codec, events = self._buffers, self.codec, self._events
+        heard = self._heard if self.settings.archive.audit else None
+        now = time.monotonic()
         for message in messages:
             if message.error() is not None:
                 self._kafka_error(message)
@@ -220,10 +244,14 @@ class Archiver:
                 _headers(message) if table.record is None else None,
             )
             buffer.add(row, run, offset, len(value) if value else 0, stamp_ms)
-            if topic == events and run is not None and row.get("kind") == "run_end":
-                self._schedule_audit(run)
-            elif "decode_error" in row:
+            if "decode_error" in row:
                 self.counts.undecodable += 1
+            elif topic == events and run is not None and heard is not None:
+                if row.get("kind") == "run_end":
+                    heard.pop(run, None)
+                    self._schedule_audit(run)
+                else:
+                    heard[run] = (now, partition)
 
     def _kafka_error(self, message: Message) -> None:
         error = message.error()
@@ -293,13 +321,32 @@ class Archiver:
 
     # -- audits -----------------------------------------------------------------------------
 
+    def _audit_silent(self, now: float) -> None:
+        """Schedule an audit of each run silent for ``audit_silent_after_s`` (no run_end)."""
+        if now < self._next_silence_check or not self._heard:
+            return
+        self._next_silence_check = now + SILENCE_CHECK_S
+        silent_after = self.settings.archive.audit_silent_after_s
+        for run_id, (heard, _partition) in list(self._heard.items()):
+            if now - heard >= silent_after and run_id not in self._audits:
+                self._audits[run_id] = _PendingAudit(run_id, now, silent_s=now - heard)
+
+    def _forget_heard(self, partitions: list[TopicPartition]) -> None:
+        """Stop watching the silence of the runs in events partitions no longer ours."""
+        gone = {tp.partition for tp in partitions if tp.topic == self._events}
+        if gone:
+            for run_id, (_heard, partition) in list(self._heard.items()):
+                if partition in gone:
+                    del self._heard[run_id]
+
     def _audit_if_due(self, now: float) -> None:
         for run_id, pending in list(self._audits.items()):
             if now < pending.due:
                 continue
-            watched = (self.topics.events, self.topics.logs)
+            watched = self._watched
             if pending.targets is None:
                 pending.targets = self._end_offsets(watched)
+                pending.targets_at = now
                 pending.deadline = now + self.settings.archive.audit_wait_s
             self._flush_all(watched)
             behind = self._behind(pending.targets)
@@ -307,7 +354,10 @@ class Archiver:
                 pending.due = now + AUDIT_RECHECK_S
                 continue
             del self._audits[run_id]
-            self._audit(run_id, behind)
+            heard = self._heard.get(run_id)
+            if heard is not None and heard[0] <= pending.targets_at:
+                del self._heard[run_id]  # all it sent is in this audit: silent from now on
+            self._audit(run_id, behind, pending.silent_s)
 
     def _end_offsets(self, topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
         assert self._consumer is not None
@@ -333,13 +383,18 @@ class Archiver:
             if archived[(topic, partition)] < target
         ]
 
-    def _audit(self, run_id: str, behind: list[str]) -> None:
+    def _audit(self, run_id: str, behind: list[str], silent_s: float | None) -> None:
         con = open_archive(self.settings.archive_root, self.topics, self.codec)
         try:
             (audit,) = audit_runs(con, run_id)
         finally:
             con.close()
         report = audit.report
+        if silent_s is not None:
+            report["summary"] += (
+                f" The run sent no run_end: audited after {silent_s:.0f} s without an event."
+            )
+            self.counts.silent_audits += 1
         if behind:
             report["summary"] += " The archive had not caught up with " + ", ".join(behind) + "."
         producer = new_producer(self.settings, "archiver audits")
