@@ -2,10 +2,11 @@
 
 Real broker, real worker (seed rules) and archiver processes, real trainers in child
 processes: a torchrun loop on :class:`~rlpulse.producers.RunLink` that kl-guard stops, a
-``transformers.Trainer`` that runs to its last step, and a torchrun loop SIGKILLed mid-run,
+``transformers.Trainer`` that runs to its last step, a verl run (verl's ``Tracking`` in the
+stand-in trainer's loop) whose ``fit()`` returned, and a torchrun loop SIGKILLed mid-run,
 which the archiver audits once it has been silent for ``archive.audit_silent_after_s``.
-The verl backend's one ``run_end`` is checked where verl's own trainer builds it
-(``test_verl_trainer.py``).
+The verl backend's one ``run_end`` from verl's own trainers is checked in
+``test_verl_trainer.py``.
 """
 
 from __future__ import annotations
@@ -249,3 +250,21 @@ def test_a_killed_run_is_audited_after_its_silence_and_again_when_resumed(
     assert first == silent
     assert run_ends(kafka_bootstrap, topics, run_id) == [(1, 0, "closed")]
     assert again["producers"] == 3 and "no run_end" not in again["summary"], again
+
+
+def test_a_verl_run_whose_fit_returned_ends_once_and_is_audited(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    from rlpulse.producers.integrations import verl as integration
+    from tests.integration.test_verl import StandInTrainer, rlpulse_block, verl_config
+
+    integration.install()
+    run_id = f"verl-end-{uuid.uuid4().hex[:8]}"
+    with archiver_at(kafka_bootstrap, topics, tmp_path) as archiver:
+        trainer = StandInTrainer(verl_config(str(tmp_path / "ckpt")), total_training_steps=5)
+        trainer.fit("rlpulse-tests", "exp", rlpulse_block(run_id, kafka_bootstrap, topics))
+        trainer.logger.finish()  # a second finish (verl's fit and its caller both may) adds none
+        (audit,) = audits_of(archiver, topics, run_id)
+    assert run_ends(kafka_bootstrap, topics, run_id) == [(0, 0, "training finished")]
+    assert (audit["ok"], audit["producers"], audit["lost"]) == (True, 1, 0), audit
+    assert "no run_end" not in audit["summary"]
