@@ -16,6 +16,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,13 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers.integrations.verl_workers import reduce_rank
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import LogRecord, StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
+from rlpulse.streams.archive.catalog import query_archive
 from tests.integration.topic_reader import read_until
 from tests.integration.verl_rank import STEPS
 
@@ -143,6 +146,21 @@ def run_ranks(model: Path, tmp_path: Path, run: dict[str, Any]) -> list[dict[str
     return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
 
 
+def archived_records(
+    archiver: ArchiverProcess, topics: Topics, run_id: str
+) -> list[tuple[int, int, str]]:
+    """(rank, pid, message) of the run's text log records in the archive, once both ranks'."""
+    sql = "SELECT rank, pid, message FROM logs WHERE run_id = ? AND message LIKE '%finished step%'"
+    deadline = time.monotonic() + 90
+    while True:
+        rows = query_archive(archiver.root, topics, sql, [run_id])[1]
+        if {row[0] for row in rows} >= set(range(RANKS)):
+            return [(int(r), int(p), str(m)) for r, p, m in rows]
+        assert archiver.alive(), archiver.log_text()
+        assert time.monotonic() < deadline, f"not archived: {rows}\n{archiver.log_text()}"
+        time.sleep(0.5)
+
+
 def test_each_rank_publishes_its_own_metrics_and_logs(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
@@ -158,7 +176,15 @@ def test_each_rank_publishes_its_own_metrics_and_logs(
     worker = WorkerProcess(
         kafka_bootstrap, topics.prefix, tmp_path / "worker.log", partitions=3, grace_s=5.0
     )
+    archiver = ArchiverProcess(
+        kafka_bootstrap,
+        topics.prefix,
+        tmp_path / "archive",
+        tmp_path / "archiver.log",
+        {"archive.roll_s": 0.5},
+    )
     worker.start()
+    archiver.start()
     try:
         worker.wait_consuming(timeout_s=90.0)
         ranks = run_ranks(model, tmp_path, {"run_id": run_id, "settings": settings})
@@ -188,8 +214,10 @@ def test_each_rank_publishes_its_own_metrics_and_logs(
             ),
             keep=lambda record: record["run_id"] == run_id,
         )
+        archived = archived_records(archiver, topics, run_id)
     finally:
         worker.stop()
+        archiver.stop()
 
     assert all(rank["failures"] == {} for rank in ranks), [rank["failures"] for rank in ranks]
     pids = {rank["rank"]: rank["pid"] for rank in ranks}
@@ -262,6 +290,10 @@ def test_each_rank_publishes_its_own_metrics_and_logs(
         assert record["tags"] == {"role": "critic", "framework": "verl"}  # its first update
         assert record["hostname"] == socket.gethostname()
         assert record["stage"] == "critic_dp"
+    # ... in the archive (rlpulse query / show read them there) ...
+    assert {(rank, pid) for rank, pid, message in archived if "finished step" in message} == set(
+        pids.items()
+    )
     # ... and in each rank's local file, named after the role.
     assert sorted(path.name for path in log_dir.glob("*.jsonl")) == [
         f"verl_{role}_rank{rank}.jsonl" for role in sorted(ROLES) for rank in range(RANKS)

@@ -146,7 +146,12 @@ def test_every_table_reads_back_through_its_view(tmp_path: Path) -> None:
                 assert got[field] == value, (name, field)
         assert (got["kafka_offset"], got["run"]) == (0, "run-1")
     _, rows = run_sql(con, "SELECT actions[2].params['factor'], evidence['value'] FROM commands")
-    assert rows == [("2.0", 0.41)]  # a union of types becomes JSON text
+    assert rows == [("2.0", 0.41)]  # a union of types becomes text
+    # A string parameter is stored as itself, so the obvious filter finds it (not '"kl_..."').
+    _, rows = run_sql(
+        con, "SELECT count(*) FROM commands WHERE actions[1].params['tag'] = 'kl_violation'"
+    )
+    assert rows == [(1,)]
     _, rows = run_sql(con, "SELECT metrics['reward_mean'].mean, missing_ranks FROM steps")
     assert rows == [(1.5, [])]
 

@@ -3,7 +3,8 @@
 Each table's columns are its Avro record's fields (the newest version, mapped type by type:
 ``int`` -> int32, ``long`` -> int64, ``map`` -> map<string, ...>, ``array`` -> list,
 ``record`` -> struct, ``["null", X]`` -> nullable X; a union of several types, such as a
-command action's parameters, becomes text: JSON), plus where the message was read:
+command action's parameters, becomes text: a string as itself, a number or boolean as JSON,
+``2.0``, ``true``), plus where the message was read:
 
 - ``kafka_partition``, ``kafka_offset``;
 - ``kafka_timestamp_ms`` and ``kafka_timestamp_type`` (``log_append`` when the broker
@@ -92,13 +93,20 @@ _PRIMITIVES: Final = {
 }
 
 
+def _as_text(value: Any) -> str | None:
+    """A value of a multi-type union as text: a string as itself, anything else as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
 def _text_unions(avro: Any) -> Callable[[Any], Any] | None:
-    """A function that turns the values of multi-type unions in ``avro`` into JSON, or None."""
+    """A function that turns the values of multi-type unions in ``avro`` into text, or None."""
     if isinstance(avro, list):
         branches = [branch for branch in avro if branch != "null"]
         if len(branches) == 1:
             return _text_unions(branches[0])
-        return lambda value: None if value is None else json.dumps(value)
+        return _as_text
     if isinstance(avro, str) or avro["type"] == "enum":
         return None
     kind = avro["type"]
