@@ -412,9 +412,41 @@ def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable
         check=False,
     )
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "5 event(s) not delivered within 2 s; their files are kept" in result.stderr
+    assert "5 event(s) in 1 spool file(s) not delivered; their files are kept" in result.stderr
+    assert "5 event(s) not delivered: Kafka at 127.0.0.1:1 did not answer within 2 s" in (
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
     assert spool_files(tmp_path) == kept
+
+
+def test_replay_names_the_cause_per_file_and_carries_on(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    missing = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
+    spool_while_unreachable(missing, tmp_path / "a", "run-gone", 5)  # replayed first
+    spool_while_unreachable(topics, tmp_path / "b", "run-here", 3)
+    command = [sys.executable, "-m", "rlpulse", "replay", str(tmp_path)]
+    result = subprocess.run(
+        [*command, "--bootstrap", kafka_bootstrap, "--timeout", "10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "replayed 3 event(s) from 1 spool file(s)" in result.stdout
+    (kept,) = [line for line in result.stderr.splitlines() if "not delivered:" in line]
+    assert kept.startswith(str(tmp_path / "a"))
+    assert (
+        f": 5 event(s) not delivered: topic {missing.events} does not exist at Kafka at "
+        f"{kafka_bootstrap} (topics are not created on first use; `rlpulse worker` creates "
+        "its prefix's topics when it starts)"
+    ) in kept
+    assert "5 event(s) in 1 spool file(s) not delivered; their files are kept" in result.stderr
+    read_topic(kafka_bootstrap, topics.events, 3)
+    assert list(spool_files(tmp_path / "b")) == []
+    assert len(spool_files(tmp_path / "a")) == 1
 
 
 def test_a_new_process_of_the_run_replays_a_dead_producers_spool(
