@@ -73,6 +73,10 @@ PERMANENT_ERRORS = frozenset(
     }
 )
 """Delivery errors that reject the event itself: sending it again cannot succeed."""
+_TOPIC_UNKNOWN = frozenset(
+    {KafkaError._MSG_TIMED_OUT, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+"""Delivery errors behind which may be a topic that does not exist (auto-create off)."""
 
 
 def undeliverable(error: KafkaError) -> bool:
@@ -152,6 +156,7 @@ class DeliveryPump:
         self._closing = False
         self._stopping = threading.Event()
         self._warn = WarnOnce(log)
+        self._unexplained: str | None = None
         self._thread = threading.Thread(target=self._run, name=f"rlpulse-{label}", daemon=True)
         self._thread.start()
 
@@ -186,7 +191,7 @@ class DeliveryPump:
         if not undeliverable(error):
             self._refused(error)
             return
-        self._enter_spool_mode(error.str())
+        self._enter_spool_mode(error.str(), topic_unknown=error.code() in _TOPIC_UNKNOWN)
         self.hold(
             SpooledEvent(
                 message.topic() or self._topic,
@@ -233,6 +238,7 @@ class DeliveryPump:
             self._purge_requested = True
             self._serve_purge()
         self._drain()
+        self._explain_spooling()
         self._finish_batch()
         for claim in self._orphans.values():
             claim.release()
@@ -243,13 +249,19 @@ class DeliveryPump:
 
     # -- spool mode -------------------------------------------------------------------
 
-    def _enter_spool_mode(self, why: str) -> None:
+    def _enter_spool_mode(self, why: str, *, topic_unknown: bool = False) -> None:
         with self._order_lock:  # no log() between the switch and the purge request
             self._health.ok = False
             if self.spooling:
                 return
             self.spooling = True
             self._purge_requested = True
+        if topic_unknown and not self._warn.seen("spool-mode"):
+            self._unexplained = why  # the thread asks whether the topic exists, then says
+            return
+        self._warn_spooling(why)
+
+    def _warn_spooling(self, why: str) -> None:
         self._warn(
             "spool-mode",
             "%s: events cannot be delivered (%s); spooling them to %s until the broker is back",
@@ -257,6 +269,39 @@ class DeliveryPump:
             why,
             self.spool.directory,
         )
+
+    def _explain_spooling(self) -> None:
+        """Say why spooling began: after a timeout, whether the topic exists is asked first.
+
+        Asked here, in the pump's thread, not in a delivery report callback.
+        """
+        why, self._unexplained = self._unexplained, None
+        if why is None:
+            return
+        missing = self._missing_topic()
+        if missing is None:
+            self._warn_spooling(why)
+            return
+        self._warn(
+            "spool-mode",
+            "%s: events cannot be delivered: topic %s does not exist (the broker is up, but it "
+            "does not create topics on first use; `rlpulse worker` creates its prefix's "
+            "topics when it starts); spooling them to %s until the topic exists",
+            self._label,
+            missing,
+            self.spool.directory,
+        )
+
+    def _missing_topic(self) -> str | None:
+        """The producer's topic if the broker answers that it does not exist, else None."""
+        try:
+            metadata = self.producer.list_topics(self._topic, timeout=PROBE_TIMEOUT_S)
+        except KafkaException:
+            return None  # no answer: the broker is out of reach, as the error said
+        topic = metadata.topics.get(self._topic)
+        if topic is None or (topic.error is not None and topic.error.code() in _TOPIC_UNKNOWN):
+            return self._topic
+        return None
 
     def _serve_purge(self) -> None:
         """Fail everything queued at once (younger than what failed), and spool it now."""
@@ -334,6 +379,7 @@ class DeliveryPump:
         while not self._stopping.is_set():
             try:
                 self.producer.poll(POLL_S)
+                self._explain_spooling()
                 self._serve_purge()
                 self._replay_tick(time.monotonic())
                 if not self._health.ok or len(self._backlog) > HOLD_WHILE_REPLAYING:

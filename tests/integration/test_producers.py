@@ -420,6 +420,29 @@ def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable
     assert spool_files(tmp_path) == kept
 
 
+def test_spooling_for_a_missing_topic_says_the_topic_is_missing(
+    kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
+    producer = ProducerSettings(spool_dir=tmp_path, delivery_timeout_s=1.0)
+    caplog.set_level(logging.WARNING, logger="rlpulse.producers")
+    logger = EventLogger("run-m", settings=settings_at(kafka_bootstrap, missing, producer=producer))
+    logger.log({"loss": 1.0}, 1)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "cannot be delivered" in r.getMessage()]
+
+    deadline = time.monotonic() + 60
+    while not said() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    logger.close(timeout_s=0)
+    (line,) = said()
+    assert f"topic {missing.events} does not exist (the broker is up" in line
+    assert "`rlpulse worker` creates its prefix's topics when it starts" in line
+    assert "Message timed out" not in line
+    assert logger.spooled == 1
+
+
 def test_replay_names_the_cause_per_file_and_carries_on(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
