@@ -38,12 +38,12 @@ def ensure_topics(
     topics: Topics | None = None,
     partitions: int | None = None,
     timeout_s: float = 30.0,
-) -> None:
+) -> list[str]:
     """Create the topics of ``topics`` (default: the settings' prefix) that do not exist yet.
 
     ``partitions`` defaults to ``settings.worker.partitions``. An existing topic with another
-    partition count is an error (:class:`TopicError`); returns once every topic has a
-    leader for each partition.
+    partition count is an error (:class:`TopicError`); returns, once every topic has a
+    leader for each partition, the names this call created (sorted).
     """
     names = topics if topics is not None else Topics(settings.prefix)
     count = partitions if partitions is not None else settings.worker.partitions
@@ -66,6 +66,7 @@ def ensure_topics(
         for name, want in wanted.items()
         if name not in existing
     ]
+    created: list[str] = []
     if new:
         for name, future in admin.create_topics(new, request_timeout=timeout_s).items():
             try:
@@ -73,7 +74,10 @@ def ensure_topics(
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise TopicError(f"could not create topic {name}: {exc}") from exc
+            else:
+                created.append(name)
     wait_for_leaders(admin, wanted, timeout_s)
+    return sorted(created)
 
 
 def topic_config(topics: Topics, name: str) -> dict[str, str]:
