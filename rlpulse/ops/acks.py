@@ -23,6 +23,7 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
 from rlpulse.transport.clients import ClientDiagnostics, kafka_error_of, new_consumer
+from rlpulse.transport.topics import missing_topic
 
 __all__ = ["AckWatch", "describe_ack"]
 
@@ -38,7 +39,7 @@ class AckWatch:
 
     def __init__(self, settings: Settings, timeout_s: float = 15.0) -> None:
         self._topic = Topics(settings.prefix).acks
-        self._diagnostics = ClientDiagnostics("operator", settings, logs_failure=False)
+        self._diagnostics = ClientDiagnostics("operator", settings, quiet=True)
         self._consumer = new_consumer(
             settings, f"{settings.prefix}-operator-{uuid.uuid4().hex}", "operator",
             diagnostics=self._diagnostics,
@@ -50,8 +51,7 @@ class AckWatch:
             topic = metadata.topics.get(self._topic)
             if topic is None or topic.error is not None or not topic.partitions:
                 raise AckWaitError(
-                    f"topic {self._topic} does not exist at {where}, so no trainer can ack; "
-                    "`rlpulse worker` creates its prefix's topics when it starts"
+                    f"{missing_topic(self._topic)}, so no trainer can ack; nothing was sent"
                 )
             ends = []
             for partition in topic.partitions:
@@ -61,11 +61,15 @@ class AckWatch:
                 ends.append(TopicPartition(self._topic, partition, high))
             self._consumer.assign(ends)
         except KafkaException as exc:
+            self._consumer.poll(0)  # serves the client's error callbacks: they say why
             self.close()
-            failure = self._diagnostics.failure
+            if self._diagnostics.failure is not None:  # refused credentials, TLS: no timeout
+                raise AckWaitError(f"{self._diagnostics.failure}; nothing was sent") from None
             error = kafka_error_of(exc)
-            reason = failure or (error.str() if error is not None else str(exc))
-            raise AckWaitError(f"cannot read {self._topic} at {where}: {reason}") from None
+            reason = self._diagnostics.cause() or (error.str() if error is not None else str(exc))
+            raise AckWaitError(
+                f"{where} did not answer within {timeout_s:.0f} s ({reason}); nothing was sent"
+            ) from None
         except AckWaitError:
             self.close()
             raise

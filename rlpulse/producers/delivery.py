@@ -43,6 +43,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.producers.spool import Spool, SpoolClaim, SpooledEvent, read_spool_file, spool_files
+from rlpulse.transport.topics import missing_topic, topic_exists
 
 log = logging.getLogger(__name__)
 
@@ -278,30 +279,16 @@ class DeliveryPump:
         why, self._unexplained = self._unexplained, None
         if why is None:
             return
-        missing = self._missing_topic()
-        if missing is None:
-            self._warn_spooling(why)
+        if topic_exists(self.producer, self._topic, PROBE_TIMEOUT_S) is not False:
+            self._warn_spooling(why)  # no answer, or the topic is there: the error says it
             return
         self._warn(
             "spool-mode",
-            "%s: events cannot be delivered: topic %s does not exist (the broker is up, but it "
-            "does not create topics on first use; `rlpulse worker` creates its prefix's "
-            "topics when it starts); spooling them to %s until the topic exists",
+            "%s: events cannot be delivered: %s; spooling them to %s until the topic exists",
             self._label,
-            missing,
+            missing_topic(self._topic),
             self.spool.directory,
         )
-
-    def _missing_topic(self) -> str | None:
-        """The producer's topic if the broker answers that it does not exist, else None."""
-        try:
-            metadata = self.producer.list_topics(self._topic, timeout=PROBE_TIMEOUT_S)
-        except KafkaException:
-            return None  # no answer: the broker is out of reach, as the error said
-        topic = metadata.topics.get(self._topic)
-        if topic is None or (topic.error is not None and topic.error.code() in _TOPIC_UNKNOWN):
-            return self._topic
-        return None
 
     def _serve_purge(self) -> None:
         """Fail everything queued at once (younger than what failed), and spool it now."""

@@ -12,7 +12,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from rlpulse.producers.spool import SpoolClaim, SpooledEvent, read_spool_file, spool_files
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
-from rlpulse.transport.clients import kafka_error_of, trainer_producer
+from rlpulse.transport.clients import ClientDiagnostics, trainer_producer
+from rlpulse.transport.topics import missing_topic, topic_exists
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +63,17 @@ class ReplayReport:
 class _Destinations:
     """Whether each topic exists, asked once per topic; and whether Kafka answers at all."""
 
-    def __init__(self, producer: Producer, settings: Settings, timeout_s: float) -> None:
+    def __init__(
+        self,
+        producer: Producer,
+        diagnostics: ClientDiagnostics,
+        settings: Settings,
+        timeout_s: float,
+    ) -> None:
         self._producer = producer
+        self._diagnostics = diagnostics
         self._timeout_s = timeout_s
         self._where = f"Kafka at {bootstrap_servers(settings)}"
-        self._prefix = settings.prefix
         self._problems: dict[str, str | None] = {}
         self.unreachable: str | None = None
         """Why Kafka did not answer, once it did not (then no other file is tried)."""
@@ -80,20 +87,15 @@ class _Destinations:
         return self._problems[topic]
 
     def _ask(self, topic: str) -> str | None:
-        try:
-            metadata = self._producer.list_topics(topic, timeout=self._timeout_s)
-        except KafkaException as exc:
-            error = kafka_error_of(exc)
-            why = error.str() if error is not None else str(exc)
-            self.unreachable = f"{self._where} did not answer within {self._timeout_s:g} s ({why})"
-            return self.unreachable
-        found = metadata.topics.get(topic)
-        if found is None or found.error is not None or not found.partitions:
-            return (
-                f"topic {topic} does not exist at {self._where} (topics are not created on "
-                f"first use; `rlpulse worker` creates its prefix's topics when it starts)"
+        exists = topic_exists(self._producer, topic, self._timeout_s)
+        if exists is None:
+            self._producer.poll(0)  # serves the client's error callbacks: they say why
+            cause = self._diagnostics.cause()
+            self.unreachable = f"{self._where} did not answer within {self._timeout_s:g} s" + (
+                f" ({cause})" if cause else ""
             )
-        return None
+            return self.unreachable
+        return None if exists else missing_topic(topic)
 
 
 def replay_spool(
@@ -133,8 +135,11 @@ def replay_spool(
                     report.keep(path, len(events), f"waits behind {blocked.name} (kept in order)")
                     continue
                 if producer is None:
-                    producer = trainer_producer(settings, "rlpulse replay")
-                    destinations = _Destinations(producer, settings, min(timeout_s, 10.0))
+                    diagnostics = ClientDiagnostics("rlpulse replay", settings, quiet=True)
+                    producer = trainer_producer(settings, "rlpulse replay", diagnostics)
+                    destinations = _Destinations(
+                        producer, diagnostics, settings, min(timeout_s, 10.0)
+                    )
                 assert destinations is not None
                 problem = next(
                     filter(None, map(destinations.problem, {topic or e.topic for e in events})),

@@ -6,7 +6,7 @@ import contextlib
 import time
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -15,7 +15,16 @@ from rlpulse.settings import Settings
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError
 
-__all__ = ["delete_topics", "ensure_topics", "topic_config", "wanted_partitions"]
+__all__ = [
+    "delete_topics",
+    "ensure_topics",
+    "missing_topic",
+    "topic_config",
+    "topic_exists",
+    "wanted_partitions",
+]
+
+_UNKNOWN_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
 def wanted_partitions(topics: Topics, partitions: int) -> dict[str, int]:
@@ -127,3 +136,28 @@ def _list(admin: AdminClient, timeout_s: float) -> dict[str, Any]:
     except KafkaException as exc:
         raise BrokerUnavailableError(f"Kafka did not answer a metadata request: {exc}") from exc
     return topics
+
+
+def topic_exists(client: Producer | Consumer, topic: str, timeout_s: float) -> bool | None:
+    """Whether the broker has ``topic``; None when it did not answer within ``timeout_s``.
+
+    Kafka as rlpulse runs it never creates a topic on first use, so asking does not create it.
+    """
+    try:
+        metadata = client.list_topics(topic, timeout=timeout_s)
+    except KafkaException:
+        return None
+    found = metadata.topics.get(topic)
+    if found is None:
+        return False
+    if found.error is not None:
+        return False if found.error.code() in _UNKNOWN_TOPIC else None
+    return bool(found.partitions)
+
+
+def missing_topic(topic: str) -> str:
+    """The sentence for a topic that does not exist, saying who creates it."""
+    return (
+        f"topic {topic} does not exist (Kafka does not create topics on first use; "
+        "`rlpulse worker` creates its prefix's topics when it starts)"
+    )

@@ -1,4 +1,5 @@
-"""`rlpulse control ...` reaches the run's ControlClient as an operator command."""
+"""`rlpulse control ...` reaches the run's ControlClient and reports its ack; operator
+commands that cannot reach Kafka (`control`, `rules publish`) end with one sentence."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from rlpulse.producers import ControlClient
+from rlpulse.rules import schema
 from rlpulse.schemas.records import AckStatus, ControlCommand
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import CommandLimits
 from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
+
+PRESETS = Path(schema.__file__).with_name("presets")
 
 
 def control(bootstrap: str, topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:
@@ -138,6 +143,45 @@ def test_no_ack_within_the_wait_is_exit_status_2(kafka_bootstrap: str, topics: T
 
 
 def test_unreachable_broker_is_one_clear_error(topics: Topics) -> None:
+    refused = "(Connect to ipv4#127.0.0.1:1 failed: Connection refused)"
     result = control("127.0.0.1:1", topics, "stop", "run-x", "--no-wait")
     assert result.returncode == 1
-    assert "could not publish" in result.stderr
+    assert result.stderr.splitlines() == [
+        f"error: could not publish to {topics.control} at 127.0.0.1:1: Kafka did not answer "
+        f"within 15 s {refused}"
+    ]
+    waiting = control("127.0.0.1:1", topics, "stop", "run-x")  # the ack watch asks first
+    assert waiting.returncode == 1
+    assert waiting.stderr.splitlines() == [
+        f"error: Kafka at 127.0.0.1:1 did not answer within 15 s {refused}; nothing was sent"
+    ]
+
+
+def test_rules_publish_names_the_cause(kafka_bootstrap: str) -> None:
+    rules = PRESETS / "seed.yaml"
+    unreachable = rlpulse_cli("rules", "publish", str(rules), "--bootstrap", "127.0.0.1:1")
+    assert unreachable.returncode == 1
+    assert unreachable.stderr.splitlines() == [
+        "error: could not publish to rlpulse.rules at 127.0.0.1:1: Kafka did not answer within "
+        "15 s (Connect to ipv4#127.0.0.1:1 failed: Connection refused)"
+    ]
+    nowhere = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
+    missing = rlpulse_cli(
+        "rules", "publish", str(rules), "--bootstrap", kafka_bootstrap, "--prefix", nowhere.prefix
+    )
+    assert missing.returncode == 1
+    assert missing.stderr.splitlines() == [
+        f"error: could not publish to {nowhere.rules} at {kafka_bootstrap}: topic "
+        f"{nowhere.rules} does not exist (Kafka does not create topics on first use; "
+        "`rlpulse worker` creates its prefix's topics when it starts)"
+    ]
+
+
+def rlpulse_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlpulse", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

@@ -413,9 +413,11 @@ def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "5 event(s) in 1 spool file(s) not delivered; their files are kept" in result.stderr
-    assert "5 event(s) not delivered: Kafka at 127.0.0.1:1 did not answer within 2 s" in (
-        result.stderr
-    )
+    assert (
+        "5 event(s) not delivered: Kafka at 127.0.0.1:1 did not answer within 2 s (Connect to "
+        "ipv4#127.0.0.1:1 failed: Connection refused)"
+    ) in result.stderr
+    assert "rdkafka" not in result.stderr and "_TRANSPORT" not in result.stderr
     assert "Traceback" not in result.stderr
     assert spool_files(tmp_path) == kept
 
@@ -437,8 +439,9 @@ def test_spooling_for_a_missing_topic_says_the_topic_is_missing(
         time.sleep(0.1)
     logger.close(timeout_s=0)
     (line,) = said()
-    assert f"topic {missing.events} does not exist (the broker is up" in line
+    assert f"topic {missing.events} does not exist (Kafka does not create topics" in line
     assert "`rlpulse worker` creates its prefix's topics when it starts" in line
+    assert line.endswith("until the topic exists")
     assert "Message timed out" not in line
     assert logger.spooled == 1
 
@@ -461,11 +464,10 @@ def test_replay_names_the_cause_per_file_and_carries_on(
     assert "replayed 3 event(s) from 1 spool file(s)" in result.stdout
     (kept,) = [line for line in result.stderr.splitlines() if "not delivered:" in line]
     assert kept.startswith(str(tmp_path / "a"))
-    assert (
-        f": 5 event(s) not delivered: topic {missing.events} does not exist at Kafka at "
-        f"{kafka_bootstrap} (topics are not created on first use; `rlpulse worker` creates "
-        "its prefix's topics when it starts)"
-    ) in kept
+    assert kept.endswith(
+        f": 5 event(s) not delivered: topic {missing.events} does not exist (Kafka does not "
+        "create topics on first use; `rlpulse worker` creates its prefix's topics when it starts)"
+    )
     assert "5 event(s) in 1 spool file(s) not delivered; their files are kept" in result.stderr
     read_topic(kafka_bootstrap, topics.events, 3)
     assert list(spool_files(tmp_path / "b")) == []
