@@ -29,4 +29,3 @@ def test_the_trainer_side_limits_are_the_ones_checked() -> None:
     code, err = control("checkpoint", "run-a", "--tag", "../elsewhere")
     assert code == 1
     assert "must not start with '.'" in err
-
