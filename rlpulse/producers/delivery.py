@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 POLL_S = 0.2
 """Longest wait for delivery reports; also how soon the thread sees work and stop."""
 PROBE_TIMEOUT_S = 2.0
+TOPIC_CHECK_S = 0.5
+"""How long the thread asks, once, whether a topic whose events timed out exists."""
 FIRST_PROBE_PAUSE_S = 1.0
 MAX_PROBE_PAUSE_S = 5.0
 ORPHAN_SCAN_S = 30.0
@@ -279,7 +281,7 @@ class DeliveryPump:
         why, self._unexplained = self._unexplained, None
         if why is None:
             return
-        if topic_exists(self.producer, self._topic, PROBE_TIMEOUT_S) is not False:
+        if topic_exists(self.producer, self._topic, TOPIC_CHECK_S) is not False:
             self._warn_spooling(why)  # no answer, or the topic is there: the error says it
             return
         self._warn(
@@ -366,11 +368,11 @@ class DeliveryPump:
         while not self._stopping.is_set():
             try:
                 self.producer.poll(POLL_S)
-                self._explain_spooling()
                 self._serve_purge()
                 self._replay_tick(time.monotonic())
                 if not self._health.ok or len(self._backlog) > HOLD_WHILE_REPLAYING:
                     self._drain()
+                self._explain_spooling()
             except Exception:  # keep serving reports whatever one step did
                 log.exception("%s: delivery thread error; continuing", self._label)
                 self._stopping.wait(POLL_S)
