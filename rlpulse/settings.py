@@ -192,6 +192,13 @@ class ProducerSettings(_Section):
         ge=4096,
         description="Spool space one producer may use; events beyond it are dropped (counted).",
     )
+    strict: bool = Field(
+        default=False,
+        description=(
+            "log() raises for a value of the wrong type or range (InvalidFieldError, "
+            "InvalidValueError) instead of counting it in EventLogger.refused and warning."
+        ),
+    )
     system_metrics_interval_s: float | None = Field(
         default=None,
         gt=0,

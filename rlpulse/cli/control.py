@@ -1,4 +1,11 @@
-"""``rlpulse control stop|checkpoint|scale RUN``: act on a run by hand."""
+"""``rlpulse control stop|checkpoint|scale RUN``: act on a run by hand.
+
+A command the run's trainer would refuse (the checks of
+:mod:`rlpulse.producers.screening`, with this side's ``commands.*`` limits) is not sent.
+A sent command is followed to its answer: the command waits up to ``--wait`` seconds for
+the run's ack and prints it (status, step, detail). Exit status: 0 applied or noop (or
+sent, with ``--no-wait``), 1 rejected, failed or not sent, 2 no ack within the wait.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +14,47 @@ from typing import Annotated
 
 import typer
 
-from rlpulse.cli.common import Bootstrap, ConfigFile, Prefix, one_line_errors, out, settings
+from rlpulse.cli.common import (
+    Bootstrap,
+    ConfigFile,
+    Prefix,
+    fail,
+    one_line_errors,
+    out,
+    say,
+    settings,
+)
+from rlpulse.ops.acks import AckWatch, describe_ack
 from rlpulse.ops.commands import action, operator_command, publish_command
+from rlpulse.producers.screening import command_problem
 from rlpulse.schemas.records import Action
+from rlpulse.schemas.topics import Topics
 
 control_app = typer.Typer(
-    help="Act on a run by hand: publish an operator ControlCommand.", no_args_is_help=True
+    help="Act on a run by hand: publish an operator ControlCommand and wait for its ack.",
+    no_args_is_help=True,
 )
+
+EXIT_NO_ACK = 2
+"""Exit status when the run did not ack within ``--wait``."""
 
 Attempt = Annotated[int, typer.Option(help="The run attempt the command is for.")]
 Reason = Annotated[str | None, typer.Option(help="Why; shown to whoever reads the command.")]
+Wait = Annotated[
+    float,
+    typer.Option(
+        "--wait",
+        min=0,
+        help="Seconds to wait for the run's ack (trainers ack at their next step); "
+        "no ack by then exits with status 2.",
+    ),
+]
+NoWait = Annotated[
+    bool,
+    typer.Option(
+        "--no-wait", help="Exit once the broker has the command; do not wait for the ack."
+    ),
+]
 
 
 def _send(
@@ -27,11 +65,41 @@ def _send(
     config: Path | None,
     attempt: int,
     reason: str | None,
+    wait_s: float,
+    no_wait: bool,
 ) -> None:
     chosen = settings(config, {"bootstrap": bootstrap, "prefix": prefix})
     command = operator_command(run_id, actions, attempt=attempt, reason=reason)
-    publish_command(chosen, command)
-    out.print(f"sent {command['command_id']} to {run_id} (attempt {attempt}): {command['reason']}")
+    problem = command_problem(command, chosen.commands)
+    if problem is not None:
+        raise fail(f"not sent: the trainer would reject it: {problem}")
+    watch = None if no_wait else AckWatch(chosen)  # opened first: an early ack is not missed
+    try:
+        publish_command(chosen, command)
+        out.print(
+            f"sent {command['command_id']} to {run_id} (attempt {attempt}): {command['reason']}",
+            soft_wrap=True,
+        )
+        if watch is None:
+            return
+        say(f"waiting up to {wait_s:g} s for the ack of run {run_id}")
+        ack = watch.wait(command["command_id"], wait_s)
+    finally:
+        if watch is not None:
+            watch.close()
+    if ack is None:
+        control = Topics(chosen.prefix).control
+        fail(
+            f"no ack from run {run_id} (attempt {attempt}) within {wait_s:g} s: no trainer of "
+            f"that run attempt reads {control}, or its step takes longer than --wait; the "
+            f"command stays on {control} for a trainer that starts within "
+            "producer.control_lookback_s"
+        )
+        raise typer.Exit(EXIT_NO_ACK)
+    answer = f"run {run_id} acked {command['command_id']}: {describe_ack(ack)}"
+    if ack["status"] in ("rejected", "failed"):
+        raise fail(answer)
+    out.print(answer, soft_wrap=True)
 
 
 @control_app.command("stop")
@@ -43,11 +111,16 @@ def control_stop(
     prefix: Prefix = None,
     attempt: Attempt = 0,
     reason: Reason = None,
+    wait: Wait = 120.0,
+    no_wait: NoWait = False,
     config: ConfigFile = None,
 ) -> None:
     """Stop a run at its next step (after a checkpoint unless --no-checkpoint)."""
     actions = [action("checkpoint", tag="operator_stop")] if checkpoint else []
-    _send(run_id, [*actions, action("stop")], bootstrap, prefix, config, attempt, reason)
+    _send(
+        run_id, [*actions, action("stop")], bootstrap, prefix, config, attempt, reason, wait,
+        no_wait,
+    )  # fmt: skip
 
 
 @control_app.command("checkpoint")
@@ -59,10 +132,15 @@ def control_checkpoint(
     prefix: Prefix = None,
     attempt: Attempt = 0,
     reason: Reason = None,
+    wait: Wait = 120.0,
+    no_wait: NoWait = False,
     config: ConfigFile = None,
 ) -> None:
     """Save a checkpoint at the run's next step."""
-    _send(run_id, [action("checkpoint", tag=tag)], bootstrap, prefix, config, attempt, reason)
+    _send(
+        run_id, [action("checkpoint", tag=tag)], bootstrap, prefix, config, attempt, reason,
+        wait, no_wait,
+    )  # fmt: skip
 
 
 @control_app.command("scale")
@@ -71,13 +149,17 @@ def control_scale(
     run_id: Annotated[str, typer.Argument(help="The run whose rollout batch to scale.")],
     factor: Annotated[float, typer.Option(help="Multiply the rollout batch by this.")],
     min_batch: Annotated[int | None, typer.Option("--min", help="Lower bound.")] = None,
-    max_batch: Annotated[int | None, typer.Option("--max", help="Upper bound.")] = None,
+    max_batch: Annotated[
+        int | None, typer.Option("--max", help="Upper bound (required for a factor above 1).")
+    ] = None,
     bootstrap: Bootstrap = None,
     prefix: Prefix = None,
     attempt: Attempt = 0,
     reason: Reason = None,
+    wait: Wait = 120.0,
+    no_wait: NoWait = False,
     config: ConfigFile = None,
 ) -> None:
     """Scale the rollout batch: new = clamp(round(current * factor), min, max)."""
     scale = action("scale_rollout_batch", factor=factor, min=min_batch, max=max_batch)
-    _send(run_id, [scale], bootstrap, prefix, config, attempt, reason)
+    _send(run_id, [scale], bootstrap, prefix, config, attempt, reason, wait, no_wait)

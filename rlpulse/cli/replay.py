@@ -26,11 +26,15 @@ def replay(
     prefix: Annotated[
         str | None, typer.Option(help="Send to <prefix>.events instead of the spooled topic.")
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait per spool file.")] = 60.0,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for Kafka, and for each spool file's delivery.")
+    ] = 60.0,
     config: ConfigFile = None,
 ) -> None:
     """Send the events a trainer process left in its spool (e.g. after it was killed).
 
+    Every spool file is tried (a producer's later files wait behind one of its files that
+    failed, to keep its events in order); each file not delivered is named with its cause.
     Exits 0 when every event was delivered (or there was none), 1 when some were not
     (their files are kept for another try).
     """
@@ -42,15 +46,23 @@ def replay(
         f"replayed {report.delivered} event(s) from {report.files} spool file(s) under "
         f"{root} to {bootstrap_servers(chosen)}",
         highlight=False,
+        soft_wrap=True,
     )
     if report.busy_producers:
         out.print(f"skipped {report.busy_producers} spool(s) held by a live process")
     if report.unreadable_lines:
         out.print(f"skipped {report.unreadable_lines} unreadable line(s)")
+    for kept in report.kept:
+        err.print(
+            f"{kept.path}: {kept.events} event(s) not delivered: {kept.cause}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if not report.complete:
         err.print(
-            f"{report.undelivered} event(s) not delivered within {timeout:.0f} s; "
+            f"{report.undelivered} event(s) in {len(report.kept)} spool file(s) not delivered; "
             "their files are kept: run the replay again",
             highlight=False,
+            soft_wrap=True,
         )
         raise typer.Exit(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlpulse.exceptions import RlpulseError
 
-__all__ = ["OpsError", "PublishError", "RulesTooLargeError"]
+__all__ = ["AckWaitError", "OpsError", "PublishError", "RulesTooLargeError"]
 
 
 class OpsError(RlpulseError):
@@ -17,3 +17,7 @@ class PublishError(OpsError, TimeoutError):
 
 class RulesTooLargeError(OpsError, ValueError):
     """A rules file larger than the workers accept (``worker.rules_max_bytes``)."""
+
+
+class AckWaitError(OpsError):
+    """The acks topic cannot be read, so a command's answer cannot be waited for."""

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from rlpulse.ops.exceptions import PublishError
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
 from rlpulse.transport.clients import ClientDiagnostics, kafka_error_of, new_producer
+from rlpulse.transport.topics import missing_topic, topic_exists
 
 __all__ = ["publish_one"]
 
 _FLUSH_SLICE_S = 0.25
+_TOPIC_CHECK_S = 5.0
 
 
 def publish_one(
@@ -30,8 +32,10 @@ def publish_one(
 
     Refused credentials or a failed TLS handshake end the wait at once, with what to check;
     a record the broker refuses (no ACL to write ``topic``) ends it with the broker's word.
+    The client's own librdkafka lines stay at DEBUG: the error is one sentence with the
+    cause (the broker out of reach, the topic missing).
     """
-    diagnostics = ClientDiagnostics(client, settings, logs_failure=False)
+    diagnostics = ClientDiagnostics(client, settings, quiet=True)
     producer = new_producer(settings, client, {"enable.idempotence": True}, diagnostics)
     failures: list[KafkaError] = []
 
@@ -58,8 +62,20 @@ def publish_one(
         reason = (
             f"{failures[0].str()} ({failures[0].name()})"
             if failures
-            else f"not confirmed within {timeout_s:.0f} s"
+            else _unconfirmed(producer, topic, diagnostics, timeout_s)
         )
         raise PublishError(
             f"could not publish to {topic} at {bootstrap_servers(settings)}: {reason}"
         )
+
+
+def _unconfirmed(
+    producer: Producer, topic: str, diagnostics: ClientDiagnostics, timeout_s: float
+) -> str:
+    """Why a record was not confirmed within ``timeout_s``: no broker, or no topic."""
+    cause = diagnostics.cause()
+    if cause is not None:
+        return f"Kafka did not answer within {timeout_s:.0f} s ({cause})"
+    if topic_exists(producer, topic, _TOPIC_CHECK_S) is False:
+        return missing_topic(topic)
+    return f"not confirmed within {timeout_s:.0f} s"

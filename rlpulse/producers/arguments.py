@@ -2,7 +2,8 @@
 
 These raise for mistakes in the caller's code (a string where a rank goes); what is wrong
 with an event's contents is judged by :mod:`rlpulse.schemas.validation` instead, and
-refused without an exception.
+refused without an exception. ``EventLogger.log()`` turns what these raise into a refusal
+too (:func:`bad_argument`), so that a training loop never stops for a bad value.
 """
 
 from __future__ import annotations
@@ -10,8 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rlpulse.producers.exceptions import InvalidFieldError, InvalidValueError
+from rlpulse.schemas.validation import EventProblem
 
-__all__ = ["INT_MAX", "LONG_MAX", "LONG_MIN", "require_int", "require_run_id", "string_map"]
+__all__ = [
+    "INT_MAX",
+    "LONG_MAX",
+    "LONG_MIN",
+    "bad_argument",
+    "require_int",
+    "require_run_id",
+    "string_map",
+]
 
 LONG_MIN = -(2**63)
 LONG_MAX = 2**63 - 1
@@ -54,3 +64,9 @@ def string_map(field: str, mapping: Mapping[str, str] | None) -> dict[str, str]:
             raise InvalidFieldError(field, key, value, "a str value")
         out[key] = value
     return out
+
+
+def bad_argument(error: InvalidFieldError | InvalidValueError) -> EventProblem:
+    """The refusal of an event for ``error``: code ``<field>_type`` or ``<field>_value``."""
+    suffix = "type" if isinstance(error, InvalidFieldError) else "value"
+    return EventProblem("invalid", f"{error.field}_{suffix}", str(error))

@@ -43,12 +43,15 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.producers.spool import Spool, SpoolClaim, SpooledEvent, read_spool_file, spool_files
+from rlpulse.transport.topics import missing_topic, topic_exists
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 """Longest wait for delivery reports; also how soon the thread sees work and stop."""
 PROBE_TIMEOUT_S = 2.0
+TOPIC_CHECK_S = 0.5
+"""How long the thread asks, once, whether a topic whose events timed out exists."""
 FIRST_PROBE_PAUSE_S = 1.0
 MAX_PROBE_PAUSE_S = 5.0
 ORPHAN_SCAN_S = 30.0
@@ -73,6 +76,10 @@ PERMANENT_ERRORS = frozenset(
     }
 )
 """Delivery errors that reject the event itself: sending it again cannot succeed."""
+_TOPIC_UNKNOWN = frozenset(
+    {KafkaError._MSG_TIMED_OUT, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+"""Delivery errors behind which may be a topic that does not exist (auto-create off)."""
 
 
 def undeliverable(error: KafkaError) -> bool:
@@ -152,6 +159,7 @@ class DeliveryPump:
         self._closing = False
         self._stopping = threading.Event()
         self._warn = WarnOnce(log)
+        self._unexplained: str | None = None
         self._thread = threading.Thread(target=self._run, name=f"rlpulse-{label}", daemon=True)
         self._thread.start()
 
@@ -186,7 +194,7 @@ class DeliveryPump:
         if not undeliverable(error):
             self._refused(error)
             return
-        self._enter_spool_mode(error.str())
+        self._enter_spool_mode(error.str(), topic_unknown=error.code() in _TOPIC_UNKNOWN)
         self.hold(
             SpooledEvent(
                 message.topic() or self._topic,
@@ -233,6 +241,7 @@ class DeliveryPump:
             self._purge_requested = True
             self._serve_purge()
         self._drain()
+        self._explain_spooling()
         self._finish_batch()
         for claim in self._orphans.values():
             claim.release()
@@ -243,18 +252,43 @@ class DeliveryPump:
 
     # -- spool mode -------------------------------------------------------------------
 
-    def _enter_spool_mode(self, why: str) -> None:
+    def _enter_spool_mode(self, why: str, *, topic_unknown: bool = False) -> None:
         with self._order_lock:  # no log() between the switch and the purge request
             self._health.ok = False
             if self.spooling:
                 return
             self.spooling = True
             self._purge_requested = True
+        if topic_unknown and not self._warn.seen("spool-mode"):
+            self._unexplained = why  # the thread asks whether the topic exists, then says
+            return
+        self._warn_spooling(why)
+
+    def _warn_spooling(self, why: str) -> None:
         self._warn(
             "spool-mode",
             "%s: events cannot be delivered (%s); spooling them to %s until the broker is back",
             self._label,
             why,
+            self.spool.directory,
+        )
+
+    def _explain_spooling(self) -> None:
+        """Say why spooling began: after a timeout, whether the topic exists is asked first.
+
+        Asked here, in the pump's thread, not in a delivery report callback.
+        """
+        why, self._unexplained = self._unexplained, None
+        if why is None:
+            return
+        if topic_exists(self.producer, self._topic, TOPIC_CHECK_S) is not False:
+            self._warn_spooling(why)  # no answer, or the topic is there: the error says it
+            return
+        self._warn(
+            "spool-mode",
+            "%s: events cannot be delivered: %s; spooling them to %s until the topic exists",
+            self._label,
+            missing_topic(self._topic),
             self.spool.directory,
         )
 
@@ -338,6 +372,7 @@ class DeliveryPump:
                 self._replay_tick(time.monotonic())
                 if not self._health.ok or len(self._backlog) > HOLD_WHILE_REPLAYING:
                     self._drain()
+                self._explain_spooling()
             except Exception:  # keep serving reports whatever one step did
                 log.exception("%s: delivery thread error; continuing", self._label)
                 self._stopping.wait(POLL_S)

@@ -27,6 +27,7 @@ from rlpulse.oncelog import WarnOnce
 from rlpulse.producers.arguments import (
     LONG_MAX,
     LONG_MIN,
+    bad_argument,
     require_int,
     require_run_id,
     string_map,
@@ -132,6 +133,7 @@ class EventLogger:
         self._logs_topic = topics.logs
         self._log_encoder: LogEncoder | None = None
         self._records_enabled = self.settings.logging.enabled
+        self._strict = self.settings.producer.strict
         logging_settings = self.settings.logging
         self.local: RankFileSink | None = None
         """This rank's local file (with ``logging.log_dir`` set), else None."""
@@ -223,18 +225,44 @@ class EventLogger:
         """Publish one event for ``step`` and ``stage``; returns in microseconds.
 
         Metric values may be anything ``float()`` accepts except strings (ints, numpy
-        scalars, one-element tensors); anything else raises :class:`InvalidFieldError`
-        (a ``TypeError``) naming the key. ``world_size`` overrides the logger's for
-        this event (stages run by fewer ranks).
+        scalars, one-element tensors). ``world_size`` overrides the logger's for this
+        event (stages run by fewer ranks).
 
-        An event the worker would dead-letter (a stage containing ``|``, a negative step,
-        a rank outside ``world_size``, more metrics than ``limits.max_metrics``, names too
-        long, too many bytes; see :mod:`rlpulse.schemas.validation`) is not sent and does
-        not take a ``seq``: it is counted in :attr:`refused` under its reason code and
-        logged once per code per process. Nothing is raised for it.
+        Bad input never raises into the training loop. An event with a value of the wrong
+        type or range (a ``None`` or string metric, ``step=2.5``, an unknown ``kind``:
+        codes ``<field>_type`` and ``<field>_value``, e.g. ``metrics_type``) or one the
+        worker would dead-letter (a stage containing ``|``, a negative step, a rank outside
+        ``world_size``, more metrics than ``limits.max_metrics``, names too long, too many
+        bytes; see :mod:`rlpulse.schemas.validation`) is not sent and does not take a
+        ``seq``: it is counted in :attr:`refused` under its reason code and logged once
+        per code per process. With ``producer.strict`` on, the wrong types and ranges
+        raise :class:`InvalidFieldError` (a ``TypeError``) or :class:`InvalidValueError`
+        (a ``ValueError``) naming the field and key instead.
         """
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+        try:
+            self._log(
+                metrics, step, stage, kind, level, message, world_size, policy_version, trace_id
+            )
+        except (InvalidFieldError, InvalidValueError) as exc:
+            if self._strict:
+                raise
+            self._refuse(bad_argument(exc))
+
+    def _log(
+        self,
+        metrics: Mapping[str, float],
+        step: int,
+        stage: str,
+        kind: EventKind,
+        level: str | None,
+        message: str | None,
+        world_size: int | None,
+        policy_version: int | None,
+        trace_id: str | None,
+    ) -> None:
+        """:meth:`log` for arguments it has not checked yet; wrong ones raise."""
         if kind not in EVENT_KINDS:
             raise InvalidValueError("kind", kind, EVENT_KINDS)
         if not isinstance(stage, str):
@@ -421,7 +449,7 @@ class EventLogger:
             self.refused[problem.code] = self.refused.get(problem.code, 0) + 1
         _warn_refused(
             problem.code,
-            "run %s rank %d: an event was not sent because the worker would refuse it: %s "
+            "run %s rank %d: an event was not sent: %s "
             "(later ones refused for this reason are counted in EventLogger.refused[%r], "
             "not logged)",
             self.run_id,

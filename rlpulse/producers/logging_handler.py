@@ -17,7 +17,8 @@ trace id (``extra={"trace_id": ...}``, else the current trace context of
 :mod:`rlpulse.producers.trace`), the step (``extra={"step": ...}``, else the last step
 logged), the stage (``extra={"stage": ...}``) and every other ``extra`` field as text.
 Records of rlpulse's own loggers are ignored, so the handler can sit on the root logger
-without feeding on itself.
+without feeding on itself; they reach stderr through the ``rlpulse`` logger's own handler
+(:mod:`rlpulse.oncelog`), however the program's handlers are set up.
 
 Settings (``logging.*`` of the sink's settings) apply to text records only, never to
 dict (metrics) records: ``level`` is the lowest level published, ``sampling`` below 1

@@ -36,12 +36,14 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
     deadline = Deadline(settings.worker.startup_timeout_s)
     bootstrap = wait_for_kafka(settings, deadline, say)
     topics = Topics(settings.prefix)
-    replication = retry_until(
+    created, replication = retry_until(
         deadline,
         lambda: ensure_topics(settings, topics, timeout_s=max(1.0, min(30.0, deadline.left()))),
         f"the {settings.prefix}.* topics on {bootstrap}",
         say,
     )
+    if created:
+        say(f"created the topics: {', '.join(created)}")
     warn_under_replicated(settings, topics, replication, bootstrap)
     book, follow = rule_book(settings)
     registry = CollectorRegistry()

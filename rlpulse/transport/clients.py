@@ -53,7 +53,7 @@ __all__ = [
 
 QUEUE_MAX_MESSAGES = 1_000_000
 _LOG = logging.getLogger("rlpulse.librdkafka")
-_BROKER_HEAD = re.compile(r"^[a-z_]+://\S+: ")
+_BROKER_HEAD = re.compile(r"^(?:[a-z_]+://)?\S+/\w+: ")
 
 
 def security_failure(error: KafkaError, settings: Settings) -> str | None:
@@ -99,7 +99,8 @@ def kafka_error_of(exc: BaseException) -> KafkaError | None:
 def _librdkafka_reason(error: KafkaError) -> str:
     """The error's text without librdkafka's broker head and timing tail.
 
-    The head is ``sasl_ssl://host:port/bootstrap: ``, the tail ``(after 301ms in state ...)``.
+    The head is ``sasl_ssl://host:port/bootstrap: `` (``host:port/1: `` in plain text), the
+    tail ``(after 301ms in state ...)``.
     """
     text = _BROKER_HEAD.sub("", error.str())
     cut = text.rfind(" (after ")
@@ -114,26 +115,51 @@ class ClientDiagnostics:
     that wait for the client look for it, and logged once at ERROR as its sentence -- unless
     ``logs_failure`` is false because the caller raises it itself; the errors that follow
     from it (all brokers down) are then only logged at DEBUG.
+
+    A ``quiet`` client (a one-shot command that ends with one sentence) logs everything at
+    DEBUG; its caller puts :meth:`cause` in that sentence.
     """
 
     def __init__(
-        self, client: str, settings: Settings | None = None, *, logs_failure: bool = True
+        self,
+        client: str,
+        settings: Settings | None = None,
+        *,
+        logs_failure: bool = True,
+        quiet: bool = False,
     ) -> None:
         self._client = client
         self._settings = settings
-        self._logs_failure = logs_failure
+        self._logs_failure = logs_failure and not quiet
+        self._quiet = quiet
         self._warn = WarnOnce(_LOG)
         self.failure: str | None = None
         """The first security failure this client met, as a sentence."""
+        self.error: KafkaError | None = None
+        """The first error this client met that says why (not "all brokers are down")."""
+
+    def cause(self) -> str | None:
+        """Why the client got nowhere, in a few words: :attr:`failure`, else :attr:`error`."""
+        if self.failure is not None:
+            return self.failure
+        return None if self.error is None else _librdkafka_reason(self.error)
 
     def log(self, level: int, fmt: str, *args: object) -> None:
         """Receive a librdkafka log line (the ``logger`` property calls this)."""
-        _LOG.log(level if level >= logging.CRITICAL else logging.DEBUG, fmt, *args)
+        loud = level >= logging.CRITICAL and not self._quiet
+        _LOG.log(level if loud else logging.DEBUG, fmt, *args)
 
     def error_cb(self, error: KafkaError) -> None:
         """Receive a librdkafka client error (the ``error_cb`` property calls this)."""
+        if self.error is None and error.code() != KafkaError._ALL_BROKERS_DOWN:
+            self.error = error
         sentence = None if self._settings is None else security_failure(error, self._settings)
         fmt = "%s: Kafka error %s: %s"
+        if self._quiet:
+            if sentence is not None and self.failure is None:
+                self.failure = sentence
+            _LOG.debug(fmt, self._client, error.name(), error.str())
+            return
         if sentence is not None:
             if self.failure is None:
                 self.failure = sentence
@@ -232,8 +258,13 @@ def new_producer(
     return producer
 
 
-def trainer_producer(settings: Settings, client: str) -> Producer:
-    """The trainer's idempotent, batched, compressed event producer."""
+def trainer_producer(
+    settings: Settings, client: str, diagnostics: ClientDiagnostics | None = None
+) -> Producer:
+    """The trainer's idempotent, batched, compressed event producer.
+
+    ``diagnostics`` (default: a new one) receives the client's errors.
+    """
     producer_settings = settings.producer
     return new_producer(
         settings,
@@ -245,6 +276,7 @@ def trainer_producer(settings: Settings, client: str) -> Producer:
             "queue.buffering.max.messages": QUEUE_MAX_MESSAGES,
             "message.timeout.ms": max(1, round(producer_settings.delivery_timeout_s * 1000)),
         },
+        diagnostics,
     )
 
 

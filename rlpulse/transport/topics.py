@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -17,12 +17,26 @@ from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError
 from rlpulse.transport.replication import Replication, cluster_replication
 
 __all__ = [
+    "EnsuredTopics",
     "delete_topics",
     "ensure_topics",
     "list_topics",
+    "missing_topic",
     "topic_config",
+    "topic_exists",
     "wanted_partitions",
 ]
+
+_UNKNOWN_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+
+
+class EnsuredTopics(NamedTuple):
+    """What :func:`ensure_topics` did: the topics it created, and the cluster's replication."""
+
+    created: list[str]
+    """The names this call created (sorted)."""
+    replication: Replication
+    """The replication new topics get on this cluster (:mod:`rlpulse.transport.replication`)."""
 
 
 def wanted_partitions(topics: Topics, partitions: int) -> dict[str, int]:
@@ -45,13 +59,12 @@ def ensure_topics(
     topics: Topics | None = None,
     partitions: int | None = None,
     timeout_s: float = 30.0,
-) -> Replication:
+) -> EnsuredTopics:
     """Create the topics of ``topics`` (default: the settings' prefix) that do not exist yet.
 
     ``partitions`` defaults to ``settings.worker.partitions``. An existing topic with another
     partition count is an error (:class:`TopicError`); returns, once every topic has a
-    leader for each partition, the replication new topics get on this cluster (see
-    :mod:`rlpulse.transport.replication`).
+    leader for each partition, what it created and the replication it created them with.
     """
     names = topics if topics is not None else Topics(settings.prefix)
     count = partitions if partitions is not None else settings.worker.partitions
@@ -75,6 +88,7 @@ def ensure_topics(
         for name, want in wanted.items()
         if name not in existing
     ]
+    created: list[str] = []
     if new:
         for name, future in admin.create_topics(new, request_timeout=timeout_s).items():
             try:
@@ -82,8 +96,10 @@ def ensure_topics(
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise TopicError(f"could not create topic {name}: {exc}") from exc
+            else:
+                created.append(name)
     wait_for_leaders(admin, wanted, timeout_s)
-    return replication
+    return EnsuredTopics(sorted(created), replication)
 
 
 def topic_config(topics: Topics, name: str) -> dict[str, str]:
@@ -134,3 +150,28 @@ def list_topics(admin: AdminClient, timeout_s: float) -> dict[str, Any]:
     except KafkaException as exc:
         raise BrokerUnavailableError(f"Kafka did not answer a metadata request: {exc}") from exc
     return topics
+
+
+def topic_exists(client: Producer | Consumer, topic: str, timeout_s: float) -> bool | None:
+    """Whether the broker has ``topic``; None when it did not answer within ``timeout_s``.
+
+    Kafka as rlpulse runs it never creates a topic on first use, so asking does not create it.
+    """
+    try:
+        metadata = client.list_topics(topic, timeout=timeout_s)
+    except KafkaException:
+        return None
+    found = metadata.topics.get(topic)
+    if found is None:
+        return False
+    if found.error is not None:
+        return False if found.error.code() in _UNKNOWN_TOPIC else None
+    return bool(found.partitions)
+
+
+def missing_topic(topic: str) -> str:
+    """The sentence for a topic that does not exist, saying who creates it."""
+    return (
+        f"topic {topic} does not exist (Kafka does not create topics on first use; "
+        "`rlpulse worker` creates its prefix's topics when it starts)"
+    )

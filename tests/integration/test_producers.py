@@ -414,9 +414,66 @@ def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable
         check=False,
     )
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "5 event(s) not delivered within 2 s; their files are kept" in result.stderr
+    assert "5 event(s) in 1 spool file(s) not delivered; their files are kept" in result.stderr
+    assert (
+        "5 event(s) not delivered: Kafka at 127.0.0.1:1 did not answer within 2 s (Connect to "
+        "ipv4#127.0.0.1:1 failed: Connection refused)"
+    ) in result.stderr
+    assert "rdkafka" not in result.stderr and "_TRANSPORT" not in result.stderr
     assert "Traceback" not in result.stderr
     assert spool_files(tmp_path) == kept
+
+
+def test_spooling_for_a_missing_topic_says_the_topic_is_missing(
+    kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
+    producer = ProducerSettings(spool_dir=tmp_path, delivery_timeout_s=1.0)
+    caplog.set_level(logging.WARNING, logger="rlpulse.producers")
+    logger = EventLogger("run-m", settings=settings_at(kafka_bootstrap, missing, producer=producer))
+    logger.log({"loss": 1.0}, 1)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "cannot be delivered" in r.getMessage()]
+
+    deadline = time.monotonic() + 60
+    while not said() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    logger.close(timeout_s=0)
+    (line,) = said()
+    assert f"topic {missing.events} does not exist (Kafka does not create topics" in line
+    assert "`rlpulse worker` creates its prefix's topics when it starts" in line
+    assert line.endswith("until the topic exists")
+    assert "Message timed out" not in line
+    assert logger.spooled == 1
+
+
+def test_replay_names_the_cause_per_file_and_carries_on(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    missing = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
+    spool_while_unreachable(missing, tmp_path / "a", "run-gone", 5)  # replayed first
+    spool_while_unreachable(topics, tmp_path / "b", "run-here", 3)
+    command = [sys.executable, "-m", "rlpulse", "replay", str(tmp_path)]
+    result = subprocess.run(
+        [*command, "--bootstrap", kafka_bootstrap, "--timeout", "10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "replayed 3 event(s) from 1 spool file(s)" in result.stdout
+    (kept,) = [line for line in result.stderr.splitlines() if "not delivered:" in line]
+    assert kept.startswith(str(tmp_path / "a"))
+    assert kept.endswith(
+        f": 5 event(s) not delivered: topic {missing.events} does not exist (Kafka does not "
+        "create topics on first use; `rlpulse worker` creates its prefix's topics when it starts)"
+    )
+    assert "5 event(s) in 1 spool file(s) not delivered; their files are kept" in result.stderr
+    read_topic(kafka_bootstrap, topics.events, 3)
+    assert list(spool_files(tmp_path / "b")) == []
+    assert len(spool_files(tmp_path / "a")) == 1
 
 
 def test_a_new_process_of_the_run_replays_a_dead_producers_spool(

@@ -381,7 +381,9 @@ def test_forged_commands_are_rejected_and_a_signed_one_is_applied_once(
     other_key = tmp_path / "other.key"
     other_key.write_text("another-key-that-is-long-enough-to-be-a-key\n")
     with started(ControlClient(run_id, settings=secured.settings("t1", signing=True))) as client:
-        unsigned = rlpulse("control", "stop", run_id, "--config", str(secured.config_file("o1")))
+        unsigned = rlpulse(
+            "control", "stop", run_id, "--config", str(secured.config_file("o1")), "--no-wait"
+        )
         assert unsigned.returncode == 0, unsigned.stderr  # the operator may write the topic
         wrongly = secured.settings("o1", control_signing_key_file=str(other_key))
         publish_command(wrongly, operator_command(run_id, [action("stop")], reason="forged"))

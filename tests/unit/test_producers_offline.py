@@ -108,9 +108,14 @@ def test_full_local_queue_spools_and_warns_once(caplog: pytest.LogCaptureFixture
     assert len(full) == 1
 
 
+def strict() -> Settings:
+    """:func:`unreachable` with ``producer.strict`` on: bad input at ``log()`` raises."""
+    return unreachable().updated({"producer.strict": True})
+
+
 @pytest.mark.parametrize("value", ["1.0", b"1", None, [1.0, 2.0], {"a": 1}, object()])
-def test_non_numeric_metric_is_a_type_error_naming_the_key(value: object) -> None:
-    logger = EventLogger("run-a", settings=unreachable())
+def test_non_numeric_metric_is_a_type_error_naming_the_key_in_strict_mode(value: object) -> None:
+    logger = EventLogger("run-a", settings=strict())
     with pytest.raises(TypeError, match=r"metrics\['reward_mean'\]") as raised:
         logger.log({"loss": 0.5, "reward_mean": value}, step=1)  # type: ignore[dict-item]
     assert isinstance(raised.value, InvalidFieldError)
@@ -137,7 +142,7 @@ def test_bad_arguments_are_refused_with_their_context() -> None:
         EventLogger("run-a", world_size=0, settings=unreachable())
     with pytest.raises(InvalidFieldError, match=r"tags\['gpu'\]"):
         EventLogger("run-a", tags={"gpu": 8}, settings=unreachable())  # type: ignore[dict-item]
-    logger = EventLogger("run-a", settings=unreachable())
+    logger = EventLogger("run-a", settings=strict())
     with pytest.raises(InvalidValueError, match="'metrics', 'log', 'run_start', 'run_end'"):
         logger.log({}, 1, kind="metric")  # type: ignore[arg-type]
     with pytest.raises(InvalidFieldError, match="step"):
@@ -263,6 +268,38 @@ def test_events_the_worker_would_refuse_are_counted_not_sent(
     assert len(warnings) == 6  # one per reason, not per event
     assert any("contains '|'" in w and "stage_separator" in w for w in warnings)
     logger.close(timeout_s=0)
+
+
+def test_bad_input_at_log_is_counted_and_warned_once_per_reason_never_raised(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logger_module, "_warn_refused", WarnOnce(logger_module.log))
+    caplog.set_level(logging.WARNING, logger="rlpulse.producers")
+    link = RunLink("run-a", settings=unreachable())
+    for _ in range(2):
+        link.log({"reward_mean": None}, step=1)  # type: ignore[dict-item]
+        link.log({"reward_mean": "0.5"}, step=1)  # type: ignore[dict-item]
+        link.log({"loss": 1.0}, step=2.5)  # type: ignore[arg-type]
+        link.log({"loss": 1.0}, step=1, stage="s" * 10_000)
+        link.log({"loss": 1.0}, step=-1)
+        link.log({"loss": 1.0}, step=1, kind="metric")  # type: ignore[arg-type]
+        link.log({"loss": 1.0}, step=1, message=3)  # type: ignore[arg-type]
+    assert link.events.refused == {
+        "metrics_type": 4,
+        "step_type": 2,
+        "name_chars": 2,
+        "negative_step": 2,
+        "kind_value": 2,
+        "message_type": 2,
+    }
+    assert link.events.logged == 0
+    link.log({"loss": 1.0}, step=1)
+    assert link.events.logged == 1
+    warnings = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
+    assert len(warnings) == 6  # one per reason, not per event
+    assert any("metrics['reward_mean'] is NoneType" in w for w in warnings)
+    assert any("step is float (2.5)" in w for w in warnings)
+    link.events.close(timeout_s=0)
 
 
 def test_a_message_too_large_for_the_worker_is_refused() -> None:

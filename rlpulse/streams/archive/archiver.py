@@ -20,6 +20,10 @@ as a hint, for lag monitoring; they are never read. Two processes write the same
 only if one of them is a zombie past ``max.poll.interval.ms`` (5 minutes) in the middle of
 a flush; the audit would show the duplicates.
 
+Topics: at start the archiver creates the ``<prefix>.*`` topics no worker has created yet
+and says which. Where it may not (a principal that may only read), it says so: a topic
+created later is archived within ``METADATA_REFRESH_S`` of its creation.
+
 Retention: every ``prune_interval_s``, :func:`~rlpulse.streams.archive.prune.prune`.
 
 Audits: a ``run_end`` event schedules an audit of its run ``audit_delay_s`` later; so does
@@ -60,7 +64,9 @@ from rlpulse.streams.archive.prune import cutoff_ms, prune
 from rlpulse.streams.archive.store import ArchiveStore
 from rlpulse.streams.archive.tables import Table, tables_of
 from rlpulse.transport.clients import new_consumer, new_producer
+from rlpulse.transport.exceptions import TransportError
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
+from rlpulse.transport.topics import ensure_topics
 
 __all__ = ["Archiver", "ArchiverCounts"]
 
@@ -70,6 +76,8 @@ POLL_S = 0.5
 AUDIT_RECHECK_S = 2.0
 SILENCE_CHECK_S = 1.0
 WATERMARK_TIMEOUT_S = 10.0
+METADATA_REFRESH_S = 10.0
+"""How soon the consumer finds a subscribed topic that was created after it started."""
 
 
 @dataclass
@@ -135,13 +143,31 @@ class Archiver:
         """Ask :meth:`run` to write out what it holds and return."""
         self._stop.set()
 
+    def _ensure_topics(self, deadline: Deadline) -> None:
+        """Create the topics no worker has created yet, and say so; or say what happens."""
+        try:
+            created = ensure_topics(
+                self.settings, timeout_s=max(1.0, min(10.0, deadline.left()))
+            ).created
+        except TransportError as exc:  # e.g. this principal may only read
+            self._say(
+                f"did not create the {self.topics.prefix}.* topics ({exc}); a topic that does "
+                f"not exist yet is archived within {METADATA_REFRESH_S:g} s of its creation "
+                "(`rlpulse worker` creates them when it starts)"
+            )
+            return
+        if created:
+            self._say(f"created the topics no worker had created yet: {', '.join(created)}")
+
     def run(self) -> ArchiverCounts:
         """Archive until :meth:`stop`; write out the buffers, leave the group, return the counts."""
         archive = self.settings.archive
-        wait_for_kafka(self.settings, Deadline(archive.startup_timeout_s), self._say)
+        deadline = Deadline(archive.startup_timeout_s)
+        wait_for_kafka(self.settings, deadline, self._say)
+        self._ensure_topics(deadline)
         properties: dict[str, object] = {
             "enable.partition.eof": False,
-            "topic.metadata.refresh.interval.ms": 10_000,
+            "topic.metadata.refresh.interval.ms": round(METADATA_REFRESH_S * 1000),
             "session.timeout.ms": round(archive.session_timeout_s * 1000),
         }
         if archive.instance_id:

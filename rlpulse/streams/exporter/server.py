@@ -76,7 +76,7 @@ class Exporter:
         bootstrap = wait_for_kafka(self.settings, deadline, say)
         backlog = retry_until(
             deadline,
-            lambda: self._assign(deadline),
+            lambda: self._assign(deadline, say),
             f"the {self.settings.prefix}.* topics on {bootstrap}",
             say,
         )
@@ -103,11 +103,16 @@ class Exporter:
         )
         self._lag_thread.start()
 
-    def _assign(self, deadline: Deadline) -> int:
+    def _assign(self, deadline: Deadline, say: Say) -> int:
         try:  # create the topics if the exporter is up before any worker
-            ensure_topics(self.settings, timeout_s=max(1.0, min(10.0, deadline.left())))
-        except TopicError as exc:  # they exist with another partition count: fine to read
+            created = ensure_topics(
+                self.settings, timeout_s=max(1.0, min(10.0, deadline.left()))
+            ).created
+        except TopicError as exc:  # another partition count (fine to read), or not allowed
             log.debug("exporter: %s", exc)
+        else:
+            if created:
+                say(f"created the topics no worker had created yet: {', '.join(created)}")
         return self.reader.assign(deadline)
 
     def run(self, stop: threading.Event | None = None, say: Say | None = None) -> None:
