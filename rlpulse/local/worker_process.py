@@ -10,6 +10,7 @@ from pathlib import Path
 from rlpulse.local.broker import tail
 from rlpulse.local.child_process import ChildProcess
 from rlpulse.local.exceptions import WorkerProcessError
+from rlpulse.local.group_probe import group_stable, group_stable_in_child
 from rlpulse.settings import Settings, load_settings
 from rlpulse.transport.clients import new_admin
 
@@ -70,21 +71,26 @@ class WorkerProcess(ChildProcess):
         ]
 
     def wait_consuming(self, timeout_s: float = 60.0) -> None:
-        """Block until the worker's consumer group is stable with this worker in it."""
+        """Block until the worker's consumer group is stable with this worker in it.
+
+        On an unsecured cluster of several brokers a child process asks (see
+        :mod:`rlpulse.local.group_probe`: librdkafka can abort the asking process there).
+        """
         watch = self.watch_settings or load_settings({"bootstrap": self.bootstrap})
         admin = new_admin(watch, "worker watch")
+        brokers = len(admin.list_topics(timeout=timeout_s).brokers)
+        in_child = brokers > 1 and self.watch_settings is None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
                 raise WorkerProcessError(
                     f"worker exited early; its log:\n{tail(self.log_file, 30)}"
                 )
-            futures = admin.describe_consumer_groups([self.group_id], request_timeout=5)
-            try:
-                group = futures[self.group_id].result()
-            except Exception:  # the group does not exist until the worker joins
-                group = None
-            if group is not None and str(group.state).endswith("STABLE") and group.members:
+            if in_child:
+                stable = group_stable_in_child(self.bootstrap, self.group_id)
+            else:
+                stable = group_stable(admin, self.group_id)
+            if stable:
                 return
             time.sleep(0.3)
         raise WorkerProcessError(
