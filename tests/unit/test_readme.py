@@ -24,3 +24,10 @@ def test_readme_has_exactly_two_setup_commands() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert setup_commands()[1] in ci_lines
+
+
+def test_readme_names_a_fast_subset_and_one_file() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert "`python -m pytest tests/unit`" in text
+    assert "python -m pytest tests/integration/" in text
+    assert (ROOT / "tests" / "README.md").exists()
