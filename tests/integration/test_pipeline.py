@@ -112,7 +112,7 @@ def test_four_ranks_sixty_steps(kafka_bootstrap: str, topics: Topics, tmp_path: 
     assert counters['rlpulse_step_summaries_total{closed_by="complete"}'] == EXPECTED_SUMMARIES
     assert counters["rlpulse_step_join_seconds_count"] == EXPECTED_SUMMARIES
     for rule in ("kl-guard", "unstable-reward"):
-        assert counters[f'rlpulse_commands_total{{dry_run="False",rule_id="{rule}"}}'] == 1
+        assert counters[f'rlpulse_commands_total{{dry_run="false",rule_id="{rule}"}}'] == 1
     assert counters["rlpulse_duplicate_events_total"] == 0
     assert not [name for name in counters if name.startswith("rlpulse_dead_letters_total{")]
     assert len(summaries) == EXPECTED_SUMMARIES
