@@ -719,8 +719,7 @@ class Settings(BaseSettings):
         default=None,
         ge=1,
         description=(
-            "Replicas of every topic rlpulse and the worker create; unset: the cluster's "
-            "default.replication.factor, at least min(3, brokers)."
+            "Replicas of every topic rlpulse and the worker create; unset: min(3, brokers)."
         ),
     )
     home: Path = Field(

@@ -135,7 +135,7 @@ Bootstrap = Annotated[
     str | None,
     setting_option(
         "bootstrap",
-        "Kafka bootstrap servers; unset: the local broker's, else 127.0.0.1:<broker.port>.",
+        "Kafka bootstrap servers; unset: the local broker, else port broker.port on 127.0.0.1.",
         shown=_bootstrap_in_use,
     ),
 ]

@@ -2,8 +2,10 @@
 
 Every topic rlpulse creates (its own and faust's changelogs and assignor topic) is created with
 an explicit replication factor and a ``min.insync.replicas`` that makes an acknowledged write
-durable: the ``replication_factor`` setting, else the cluster's ``default.replication.factor``
-raised to at least ``min(3, brokers)``. A topic left at fewer replicas on a multi-broker cluster
+durable: the ``replication_factor`` setting, else ``min(3, brokers)``. (Not the cluster's
+``default.replication.factor``: reading a broker's configuration needs ``DescribeConfigs`` on
+the cluster, which no rlpulse role has on a secured cluster, and 3 is what that default is on
+a production cluster.) A topic left at fewer replicas on a multi-broker cluster
 (an earlier worker's changelog made with faust's default of 1) freezes every run on its
 partitions while one broker is down, and loses state with that broker's disk: the worker warns
 at start-up with the commands that fix it (:func:`under_replicated`, :func:`fix_commands`).
@@ -18,15 +20,12 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
-from confluent_kafka.admin._resource import ResourceType
 
 from rlpulse.settings import Settings
 from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError
 
 __all__ = ["Replication", "UnderReplicated", "cluster_replication", "fix_commands"]
 
-_DEFAULT_RF_KEY: Final = "default.replication.factor"
 MIN_INSYNC_KEY: Final = "min.insync.replicas"
 
 
@@ -65,31 +64,18 @@ def cluster_replication(
     cluster has brokers, :class:`BrokerUnavailableError` when the cluster does not answer.
     """
     try:
-        cluster = admin.describe_cluster(request_timeout=timeout_s).result()
-        nodes = list(cluster.nodes)
-        default = _default_factor(admin, str(nodes[0].id), timeout_s) if nodes else 1
+        nodes = sorted(admin.list_topics(timeout=timeout_s).brokers)
     except KafkaException as exc:
-        raise BrokerUnavailableError(f"Kafka did not describe its cluster: {exc}") from exc
+        raise BrokerUnavailableError(f"Kafka did not answer a metadata request: {exc}") from exc
     brokers = max(1, len(nodes))
     factor = settings.replication_factor
     if factor is None:
-        factor = min(brokers, max(default, min(3, brokers)))
+        factor = min(3, brokers)
     elif factor > brokers:
         raise TopicError(
             f"replication_factor {factor} needs {factor} brokers; the cluster has {brokers}"
         )
     return Replication(brokers=brokers, factor=factor, min_insync=min_insync_for(factor))
-
-
-def _default_factor(admin: AdminClient, broker_id: str, timeout_s: float) -> int:
-    resource = ConfigResource(ResourceType.BROKER, broker_id)
-    futures = admin.describe_configs([resource], request_timeout=timeout_s)
-    entries: dict[str, Any] = futures[resource].result()
-    entry = entries.get(_DEFAULT_RF_KEY)
-    try:
-        return max(1, int(entry.value)) if entry is not None and entry.value else 1
-    except ValueError:
-        return 1
 
 
 def under_replicated(
