@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 import faust
+from confluent_kafka import KafkaException
 from prometheus_client import CollectorRegistry, start_http_server
 
 from rlpulse.schemas.topics import Topics
@@ -21,9 +22,10 @@ from rlpulse.streams.app import WorkerApp
 from rlpulse.streams.metrics import GcPauseTimer
 from rlpulse.streams.rulebook import rule_book
 from rlpulse.transport.clients import new_admin
+from rlpulse.transport.exceptions import BrokerUnavailableError
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
 from rlpulse.transport.replication import Replication, fix_commands, under_replicated
-from rlpulse.transport.topics import ensure_topics, list_topics
+from rlpulse.transport.topics import ensure_topics
 
 __all__ = ["run_worker", "start_up", "warn_under_replicated"]
 
@@ -72,13 +74,17 @@ def warn_under_replicated(
     still works, it only stops while a broker holding a single copy is down.
     """
     admin = new_admin(settings, "replication check")
-    metadata = list_topics(admin, 10.0)
+    try:
+        cluster = admin.list_topics(timeout=10.0)
+    except KafkaException as exc:
+        raise BrokerUnavailableError(f"Kafka did not answer a metadata request: {exc}") from exc
+    metadata = cluster.topics
     mine = [*topics.all(), *(n for n in metadata if n.startswith(f"{settings.worker_group}-"))]
     short = under_replicated(metadata, mine, replication)
     if not short:
         return []
     plan = settings.worker_data_dir / "replication-plan.json"
-    brokers = [int(b) for b in admin.list_topics(timeout=10.0).brokers]
+    brokers = [int(b) for b in cluster.brokers]
     commands = fix_commands(short, replication, brokers, bootstrap, plan)
     counts = ", ".join(f"{t.topic} ({min(len(r) for r in t.replicas.values())})" for t in short)
     log.warning(
