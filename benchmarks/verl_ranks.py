@@ -5,7 +5,8 @@ reads each mini-batch's metrics before verl gathers them (:func:`rank_values`, t
 rank's loss, :func:`add_ungathered` on verl's real output TensorDict) and, once per
 update, reduces and renames them and logs one event (:class:`RankPublisher`). The
 inputs are verl's own objects: ``Metric`` values as ``ppo_loss`` returns them (sum- and
-mean-type), plain micro-batch lists, loss tensors. Each update is timed with
+mean-type), plain micro-batch lists, the micro-batch losses (floats: verl's engine
+``.item()``s each). Each update is timed with
 ``perf_counter_ns`` (wall) and ``thread_time_ns`` (the CPU the training thread spent:
 what the update costs it even when other processes hold the cores); the first update (it
 builds the EventLogger and starts librdkafka) is reported on its own. The broker is an
@@ -43,7 +44,7 @@ emit = printer("verl_ranks")
 TARGET_US = 50.0
 
 
-def minibatch(micro: int, seed: int) -> tuple[dict[str, Any], list[torch.Tensor], Any]:
+def minibatch(micro: int, seed: int) -> tuple[dict[str, Any], list[float], Any]:
     """One mini-batch as ``_postprocess_output`` sees it, and its output TensorDict."""
     generator = torch.Generator().manual_seed(seed)
 
@@ -63,7 +64,7 @@ def minibatch(micro: int, seed: int) -> tuple[dict[str, Any], list[torch.Tensor]
         "grad_norm": 0.5,
         "lr": 1e-6,
     }
-    losses = list(torch.rand(micro, generator=generator))
+    losses = torch.rand(micro, generator=generator).tolist()  # verl's engine .item()s each
     final = {
         "loss": 0.3,
         "grad_norm": 0.5,
@@ -81,19 +82,19 @@ def minibatch(micro: int, seed: int) -> tuple[dict[str, Any], list[torch.Tensor]
 def update(
     publisher: RankPublisher,
     context: RunContext,
-    batches: list[tuple[dict[str, Any], list[torch.Tensor], Any]],
+    batches: list[tuple[dict[str, Any], list[float], Any]],
 ) -> int:
     """rlpulse's part of one update of one rank (what the hooks do around verl's code).
 
     Returns the nanoseconds the mini-batches' part took (the rest is the publication).
     """
     start = time.perf_counter_ns()
-    collected = []
+    collected: dict[str, list[float]] = {}
     for metrics, losses, result in batches:
-        values = rank_values(metrics)
-        values["loss"] = [sum(float(loss) for loss in losses)]
-        add_ungathered(values, result)
-        collected.append(values)
+        names = frozenset(metrics).union(("loss",))
+        rank_values(metrics, collected)
+        collected.setdefault("loss", []).append(sum(losses))
+        add_ungathered(collected, result, names)
     read = time.perf_counter_ns() - start
     publisher.publish(context, "actor", 0, 8, driver_names(reduce_rank(collected), "actor"))
     return read

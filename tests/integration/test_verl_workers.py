@@ -78,18 +78,17 @@ def expected_rank_values(local: list[dict[str, Any]], role: str) -> dict[str, fl
     A verl ``Metric`` is reduced by its own aggregation (sum or mean of its micro-batches),
     a list is kept; then the mini-batches are reduced as the driver's ``reduce_metrics``.
     """
-    minibatches = []
+    values: dict[str, list[float]] = {}
     for captured in local:
-        values: dict[str, list[float]] = {}
         for name, value in captured.items():
             if isinstance(value, dict):
                 items = value["values"]
                 total = sum(items)
-                values[name] = [total if value["aggregation"] == "sum" else total / len(items)]
+                reduced_one = total if value["aggregation"] == "sum" else total / len(items)
+                values.setdefault(name, []).append(reduced_one)
             else:
-                values[name] = [float(v) for v in value]
-        minibatches.append(values)
-    reduced = reduce_rank(minibatches)
+                values.setdefault(name, []).extend(float(v) for v in value)
+    reduced = reduce_rank(values)
     prefix = f"{role}/"
     return {name if name.startswith(prefix) else prefix + name: v for name, v in reduced.items()}
 

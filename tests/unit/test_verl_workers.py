@@ -44,7 +44,10 @@ def test_a_rank_is_reduced_as_verl_reduces_the_gathered_lists() -> None:
         }
         for i in range(2)
     ]
-    reduced = reduce_rank([rank_values(m) for m in minibatches])
+    collected: dict[str, list[float]] = {}
+    for m in minibatches:
+        rank_values(m, collected)
+    reduced = reduce_rank(collected)
     # verl's driver, had this been the only rank: aggregate_dp per mini-batch, reduce_metrics.
     single = {
         "actor/pg_clipfrac": [Metric.aggregate_dp([m["actor/pg_clipfrac"]]) for m in minibatches],

@@ -45,7 +45,7 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -221,56 +221,85 @@ def _numbers(items: Any) -> list[float]:
         return [n for n in map(_number, items) if n is not None]
 
 
+def _mean(items: list[float]) -> float:
+    return sum(items) / len(items)
+
+
+_REDUCERS: dict[str, Callable[[list[float]], float]] = {
+    "mean": _mean,
+    "sum": sum,
+    "min": min,
+    "max": max,
+}
+_reducer_of: dict[object, Callable[[list[float]], float] | None] = {}
+"""Per ``Metric.aggregation`` value seen, its reducer (None: ask ``Metric.aggregate``)."""
+_metric_types: dict[type, bool] = {}
+"""Per type seen in a metrics dict, whether it is a verl ``Metric`` (duck-typed)."""
+
+
 def _aggregate(metric: Any) -> float | None:
     """A verl ``Metric``'s ``aggregate()`` (mean, sum, min or max), without numpy's overhead."""
     items = _numbers(metric.values)
     if not items:
         return None
-    kind = getattr(metric.aggregation, "value", metric.aggregation)
-    if kind == "mean":
-        return sum(items) / len(items)
-    if kind == "sum":
-        return sum(items)
-    if kind == "min":
-        return min(items)
-    if kind == "max":
-        return max(items)
-    return _number(metric.aggregate())
+    aggregation = metric.aggregation
+    try:
+        reducer = _reducer_of[aggregation]
+    except KeyError:
+        reducer = _REDUCERS.get(str(getattr(aggregation, "value", aggregation)))
+        _reducer_of[aggregation] = reducer
+    except TypeError:  # an unhashable aggregation: verl's own answer
+        reducer = None
+    if reducer is None:
+        return _number(metric.aggregate())
+    return reducer(items)
 
 
-def rank_values(metrics: Mapping[str, Any]) -> dict[str, list[float]]:
+def _is_metric(kind: type) -> bool:
+    found = _metric_types.get(kind)
+    if found is None:
+        found = hasattr(kind, "aggregate") and hasattr(kind, "aggregate_dp")
+        _metric_types[kind] = found
+    return found
+
+
+def rank_values(
+    metrics: Mapping[str, Any], into: dict[str, list[float]] | None = None
+) -> dict[str, list[float]]:
     """One rank's values of one mini-batch, before verl gathers them across ranks.
 
     ``metrics`` is what ``_postprocess_output`` receives: per name a verl ``Metric`` (its
     micro-batches, reduced by its own aggregation, as ``Metric.aggregate_dp`` does for a
     single rank), a list of micro-batch values (kept, as the driver keeps them) or a number.
+    The values are appended to ``into`` (the update's values so far), which is returned.
     """
-    values: dict[str, list[float]] = {}
+    values: dict[str, list[float]] = {} if into is None else into
     for name, value in metrics.items():
-        if isinstance(value, float):
-            values[name] = [float(value)]
-            continue
-        if hasattr(value, "aggregation") and hasattr(value, "values"):
-            found = _aggregate(value)
-            items = [] if found is None else [found]
-        elif isinstance(value, list | tuple):
+        kind = type(value)
+        if kind is float:
+            found: float | None = value
+        elif kind is list or kind is tuple:
             items = _numbers(value)
+            if items:
+                values.setdefault(name, []).extend(items)
+            continue
+        elif _is_metric(kind):
+            found = _aggregate(value)
         else:
             found = _number(value)
-            items = [] if found is None else [found]
-        if items:
-            values[name] = items
+        if found is not None:
+            values.setdefault(name, []).append(found)
     return values
 
 
-def reduce_rank(minibatches: list[dict[str, list[float]]]) -> dict[str, float]:
-    """A rank's values of one update: its mini-batches reduced as verl's ``reduce_metrics``."""
-    merged: dict[str, list[float]] = {}
-    for values in minibatches:
-        for name, items in values.items():
-            merged.setdefault(name, []).extend(items)
+def reduce_rank(collected: Mapping[str, list[float]]) -> dict[str, float]:
+    """A rank's values of one update (its mini-batches' values by name), as verl reduces them.
+
+    verl's ``reduce_metrics``: the max of names saying ``max``, the min of those saying
+    ``min``, else the mean.
+    """
     reduced: dict[str, float] = {}
-    for name, items in merged.items():
+    for name, items in collected.items():
         if "max" in name:
             reduced[name] = max(items)
         elif "min" in name:
@@ -368,29 +397,49 @@ def attach_log_handler(sink: Any, *, stage: str) -> EventHandler:
     return handler
 
 
-def _collect(worker: Any, output: Mapping[str, Any]) -> dict[str, list[float]] | None:
-    """A rank's values of a mini-batch (``output`` as ``_postprocess_output`` gets it)."""
+def _collect(
+    worker: Any, output: Mapping[str, Any], into: dict[str, list[float]]
+) -> frozenset[str] | None:
+    """Add a rank's values of a mini-batch (``output`` as ``_postprocess_output`` gets it).
+
+    Returns the names read (None on a rank that does not publish).
+    """
     if not worker.engine.is_mp_src_rank_with_outputs():
         return None
-    values = rank_values(output.get("metrics") or {})
+    metrics = output.get("metrics") or {}
+    rank_values(metrics, into)
     losses = _numbers(output.get("loss") or [])
     if losses:
-        values["loss"] = [sum(losses)]  # this rank's share, before the all-reduce
-    return values
+        into.setdefault("loss", []).append(sum(losses))  # this rank's share, before the all-reduce
+    return frozenset(metrics).union(("loss",))
 
 
-def add_ungathered(values: dict[str, list[float]], result: Any) -> None:
-    """Add what ``_postprocess_output`` computed per rank or globally (grad_norm, perf/...)."""
-    from verl.utils import tensordict_utils as tu
+def _metrics_of(result: Any) -> object:
+    """The ``metrics`` dict of ``_postprocess_output``'s TensorDict (None when it has none)."""
+    found = result.get("metrics", None)
+    if found is None:
+        return None
+    # A tensorclass's attribute access costs ~4 us; NonTensorData keeps its value here.
+    held = getattr(found, "__dict__", {}).get("_non_tensordict")
+    if isinstance(held, dict) and "data" in held:
+        return held["data"]
+    return getattr(found, "data", found)
 
-    final = tu.get(result, "metrics") if result is not None else None
+
+def add_ungathered(values: dict[str, list[float]], result: Any, read: Collection[str] = ()) -> None:
+    """Add what ``_postprocess_output`` computed per rank or globally (perf/..., mfu).
+
+    ``result`` is its output TensorDict; names in ``read`` (those the mini-batch's metrics
+    held, gathered across ranks in ``result``) are left out.
+    """
+    final = _metrics_of(result) if result is not None else None
     if not isinstance(final, Mapping):
         return
     for name, value in final.items():
-        if name not in values:
-            found = _number(value)
+        if name not in read:
+            found = value if type(value) is float else _number(value)
             if found is not None:
-                values[name] = [found]
+                values.setdefault(name, []).append(found)
 
 
 def _patch_workers(module: ModuleType) -> None:
@@ -403,17 +452,16 @@ def _patch_workers(module: ModuleType) -> None:
     @functools.wraps(original_post)
     def _postprocess_output(self: Any, output: Any, *args: Any, **kwargs: Any) -> Any:
         collecting = getattr(self, _COLLECTING, None)
-        values = None
+        read = None
         if collecting is not None and not kwargs.get("forward_only", False):
             try:
-                values = _collect(self, output)
+                read = _collect(self, output, collecting)
             except Exception:
                 _failed("reading a rank's metrics")
         result = original_post(self, output, *args, **kwargs)
-        if values is not None and collecting is not None:
+        if read is not None and collecting is not None:
             try:
-                add_ungathered(values, result)
-                collecting.append(values)
+                add_ungathered(collecting, result, read)
             except Exception:
                 _failed("reading a rank's metrics")
         return result
@@ -427,16 +475,16 @@ def _patch_workers(module: ModuleType) -> None:
             _failed("reading the driver's step")
         if context is None:
             return original_train(self, *args, **kwargs)
-        minibatches: list[dict[str, list[float]]] = []
-        setattr(self, _COLLECTING, minibatches)
+        collected: dict[str, list[float]] = {}
+        setattr(self, _COLLECTING, collected)
         try:
             result = original_train(self, *args, **kwargs)
         finally:
             setattr(self, _COLLECTING, None)
-        if minibatches:
+        if collected:
             try:
                 role = role_of(self)
-                values = driver_names(reduce_rank(minibatches), role)
+                values = driver_names(reduce_rank(collected), role)
                 engine = self.engine
                 publisher.publish(
                     context,
