@@ -25,9 +25,10 @@ beyond the size limits, even an event or a summary that trips a bug -- goes to
 ``<prefix>.dlq`` with its key and bytes, a reason header and a source header, and is
 counted; the agent carries on with the next message.
 
-Speed. The agent joins each event as it is taken and hands what it releases (a summary and
-its commands) to the producer at once, so a command leaves as soon as the step's last rank
-has been joined. Awaiting those deliveries and writing the state is done per batch (what
+Speed. The agent joins each event as it is taken. The summaries it releases are sent
+together at the end of the batch, except that a summary carrying commands is sent at once
+(with those held before it, in order), so a command leaves as soon as the step's last rank
+has been joined. Awaiting the deliveries and writing the state is done per batch (what
 is buffered when the agent is ready, at most ``batch_max`` messages, open at most
 ``batch_window_s``: see :func:`batches`; a batch's cost beyond its events is a few awaited
 produce round trips, so batches keep the worker's capacity without adding to a command's
@@ -264,6 +265,9 @@ class WorkerApp:
         # partition, and the stall watchdog's counts.
         self._owned: set[int] = set()
         self.reads = ReadTracker()
+        # The batch in progress: deliveries to await, released summaries not yet sent.
+        self._deliveries: list[Awaitable[Any]] = []
+        self._held: list[tuple[Released, Any]] = []
 
         self.app.agent(self.app.topic(topics.events, topics.ticks), name="rlpulse.joiner")(
             self._join_agent
@@ -274,26 +278,26 @@ class WorkerApp:
     # -- joiner ---------------------------------------------------------------------------
 
     async def _join_agent(self, stream: Any) -> None:
-        # Each event is joined as it is taken, and what it releases (a summary, the
-        # commands for it) is handed to the producer at once; the batch only decides when
-        # those deliveries are awaited and the state written (_finish_batch).
-        deliveries: list[Awaitable[Any]] = []
-
         async def join(event: Any) -> None:
             try:
-                await self._join_one(event.message, deliveries)
+                await self._join_one(event.message)
             except Exception as exc:  # a failed send ends the process (fail_fast)
                 fail_fast(exc)
 
         async for _events in batches(stream, self.settings, join):
             try:
-                await self._finish_batch(deliveries)
+                await self._finish_batch()
             except Exception as exc:  # a failed send or write ends the process (fail_fast)
                 fail_fast(exc)
-            deliveries.clear()
 
-    async def _join_one(self, message: Any, deliveries: list[Awaitable[Any]]) -> None:
-        """Join one message (an event or a tick) and send what it released."""
+    async def _join_one(self, message: Any) -> None:
+        """Join one message (an event or a tick); send what it released if a command is due.
+
+        Released summaries are held back and sent together at the end of the batch (a few
+        produce requests for all of them), except when one carries commands: then the held
+        ones and it are sent at once, in their order, so the command does not wait for the
+        batch to close.
+        """
         for view in self._tables:
             view.partition = message.partition
         if message.partition not in self._owned:
@@ -304,15 +308,24 @@ class WorkerApp:
                 return
             released = self._on_tick(message.partition)
         elif await self._admit(message):
-            released = await self._on_event(message, deliveries)
+            released = await self._on_event(message, self._deliveries)
         else:
             return
         for item in released:
-            deliveries += await self._publish(item, message)
+            self._held.append((item, message))
+            if item.commands:
+                await self._send_held()
 
-    async def _finish_batch(self, deliveries: list[Awaitable[Any]]) -> None:
-        """Await a batch's sends, then make its state durable, in the order of the design."""
-        await asyncio.gather(*deliveries)
+    async def _send_held(self) -> None:
+        for item, source in self._held:
+            self._deliveries += await self._publish(item, source)
+        self._held.clear()
+
+    async def _finish_batch(self) -> None:
+        """Send what is held, await the batch's sends, then write its state, in that order."""
+        await self._send_held()
+        await asyncio.gather(*self._deliveries)
+        self._deliveries.clear()
         await flush_in_order(
             [self.rule_state], [self.groups, self.runs, self.partition_stages], [self.stages]
         )
