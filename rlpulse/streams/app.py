@@ -25,11 +25,13 @@ beyond the size limits, even an event or a summary that trips a bug -- goes to
 ``<prefix>.dlq`` with its key and bytes, a reason header and a source header, and is
 counted; the agent carries on with the next message.
 
-Speed. The agent takes its input in batches (what is buffered when it is ready, at most
-``batch_max`` messages, open at most ``batch_window_s``: see :func:`batches`; a batch's cost
-beyond its events is a few awaited produce round trips, so batches keep the worker's
-capacity, and the window keeps what they add to a command's latency to a fraction of a
-second) and writes its tables through
+Speed. The agent joins each event as it is taken and hands what it releases (a summary and
+its commands) to the producer at once, so a command leaves as soon as the step's last rank
+has been joined. Awaiting those deliveries and writing the state is done per batch (what
+is buffered when the agent is ready, at most ``batch_max`` messages, open at most
+``batch_window_s``: see :func:`batches`; a batch's cost beyond its events is a few awaited
+produce round trips, so batches keep the worker's capacity without adding to a command's
+latency). The tables are written through
 :class:`~rlpulse.streams.write_behind.WriteBehind`: each changed record goes to its
 changelog once per batch instead of once per event. Everything it publishes goes through
 :class:`~rlpulse.streams.outbox.Outbox`, which hands it to faust's producer without yielding
@@ -62,7 +64,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import faust
@@ -159,13 +161,19 @@ def fail_fast(exc: BaseException) -> NoReturn:
     os._exit(EXIT_PUBLISH_FAILED)
 
 
-async def batches(stream: Any, settings: Settings) -> AsyncIterator[list[Any]]:
+async def batches(
+    stream: Any,
+    settings: Settings,
+    each: Callable[[Any], Awaitable[None]] | None = None,
+) -> AsyncIterator[list[Any]]:
     """The stream's events in lists of what is buffered when the agent is ready.
 
     A list closes when the buffer stays empty for ``batch_linger_s``, at ``batch_max``
-    events, or ``batch_window_s`` after its first event. The window bounds the latency that
-    batching adds: under a steady load that arrives faster than the linger, a list would
+    events, or ``batch_window_s`` after its first event. The window bounds how long a
+    list stays open: under a steady load that arrives faster than the linger, a list would
     otherwise stay open until ``batch_max`` (2,000 events, half a second at 4,000 events/s).
+    ``each``, when given, is awaited with every event as it is taken (before the list it
+    joins is yielded), so the work on an event need not wait for its list to close.
 
     A list's events are acked (so their offsets become committable) only when the caller
     asks for the next list, i.e. after it has finished with them.
@@ -180,6 +188,8 @@ async def batches(stream: Any, settings: Settings) -> AsyncIterator[list[Any]]:
         if not batch:
             opened = clock()
         batch.append(event)
+        if each is not None:
+            await each(event)
         full = len(batch) >= batch_max or clock() - opened >= window_s
         if not full and queue.empty():
             await asyncio.sleep(settings.worker.batch_linger_s)
@@ -264,32 +274,44 @@ class WorkerApp:
     # -- joiner ---------------------------------------------------------------------------
 
     async def _join_agent(self, stream: Any) -> None:
-        async for events in batches(stream, self.settings):
+        # Each event is joined as it is taken, and what it releases (a summary, the
+        # commands for it) is handed to the producer at once; the batch only decides when
+        # those deliveries are awaited and the state written (_finish_batch).
+        deliveries: list[Awaitable[Any]] = []
+
+        async def join(event: Any) -> None:
             try:
-                await self._join_batch(events)
-            except Exception as exc:  # a failed send or write ends the process (fail_fast)
+                await self._join_one(event.message, deliveries)
+            except Exception as exc:  # a failed send ends the process (fail_fast)
                 fail_fast(exc)
 
-    async def _join_batch(self, events: list[Any]) -> None:
-        """Join a batch, publish what it released, then make the state durable, in that order."""
-        deliveries: list[Awaitable[Any]] = []
-        for event in events:
-            message = event.message
-            for view in self._tables:
-                view.partition = message.partition
-            if message.partition not in self._owned:
-                self._take_over(message.partition)
-            if message.topic == self.ticks_name:
-                if not await self._may_expire(message.partition):
-                    self.metrics.ticks_deferred.inc()
-                    continue
-                released = self._on_tick(message.partition)
-            elif await self._admit(message):
-                released = await self._on_event(message, deliveries)
-            else:
-                continue
-            for item in released:
-                deliveries += await self._publish(item, message)
+        async for _events in batches(stream, self.settings, join):
+            try:
+                await self._finish_batch(deliveries)
+            except Exception as exc:  # a failed send or write ends the process (fail_fast)
+                fail_fast(exc)
+            deliveries.clear()
+
+    async def _join_one(self, message: Any, deliveries: list[Awaitable[Any]]) -> None:
+        """Join one message (an event or a tick) and send what it released."""
+        for view in self._tables:
+            view.partition = message.partition
+        if message.partition not in self._owned:
+            self._take_over(message.partition)
+        if message.topic == self.ticks_name:
+            if not await self._may_expire(message.partition):
+                self.metrics.ticks_deferred.inc()
+                return
+            released = self._on_tick(message.partition)
+        elif await self._admit(message):
+            released = await self._on_event(message, deliveries)
+        else:
+            return
+        for item in released:
+            deliveries += await self._publish(item, message)
+
+    async def _finish_batch(self, deliveries: list[Awaitable[Any]]) -> None:
+        """Await a batch's sends, then make its state durable, in the order of the design."""
         await asyncio.gather(*deliveries)
         await flush_in_order(
             [self.rule_state], [self.groups, self.runs, self.partition_stages], [self.stages]
