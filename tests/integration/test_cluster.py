@@ -79,7 +79,7 @@ KL_GUARD_STEP = 62
 LEADER_STOP_BY = 70
 RESTART_STOP_BY = 90
 PAIR_CATCH_UP_STEPS = 10
-LAST_STEP = 200
+LAST_STEP = 500  # far past every bound: a late stop is reported with its step
 TOOK_OVER = "took over partition"
 
 
