@@ -16,21 +16,25 @@ would); how it ended is asserted. The bounds:
   and issues the command for step 62 plus its command latency (well under a second: 3 steps).
 - **A dead changelog leader and the worker together** (the broker leading the run's partition of
   a joiner changelog, the rules topic's leader when it leads one; the worker restarted at once,
-  the broker 20 s later): the stop by step 90. Measured here, a restarted worker consumes 10 s
+  the broker 20 s later): the stop by step 105. Measured here, a restarted worker consumes 10 s
   after its start on a healthy cluster (faust runs after 2 s; joining waits for the killed
-  member's session, 10 s, to expire) and 14.6 s with the rules topic's leader dead: the rules
-  follower waits for the end of the rules topic, through its fail-over (9 s), asking a fresh
-  client each try of at most 5 s. Consuming by 16 s after the kill, plus catch-up and command
-  latency (under 2 s): 18 s, 60 steps after step 30.
+  member's session, 10 s, to expire) and 12 s to 14.6 s with the rules topic's leader dead:
+  the rules follower waits for the end of the rules topic, through its fail-over (9 s), asking
+  a fresh client each try of at most 5 s. So consuming by 16 s after the kill. After a restart
+  faust may skip a partition's offsets and then deliver nothing after the worker's seek back;
+  its watchdog seeks again after ``stall_ticks`` (3) ticks of 1 s: up to 4 s more. Catch-up
+  and command latency: under 2 s. 22 s in all, 73 steps after step 30.
 - **Two of three brokers down for 15 s** (one of them leading the run's events partition): with
   no controller quorum and in-sync replicas below ``min.insync.replicas``, nothing is written
-  (events, summaries, commands) until both are back, and restarting them takes a machine
-  dependent time (17 s here: two JVMs, each recovering every partition of the module's cluster
-  after a SIGKILL). The bound is counted from when both answer metadata again: the stop within
-  10 steps (3 s) of it, for the in-sync replicas to grow back (about a second), the worker's
-  clients to find the leaders and the coordinator, its catch-up on ~100 steps and the command
-  latency. The worker's fail-fast exit (``worker.publish_timeout_s``, 120 s) is longer than the
-  outage; had it exited, its supervisor would restart it and the test would say so.
+  (events, summaries, commands) until one of them is back, and restarting them takes a
+  machine dependent time (17 s to 47 s here: two JVMs, each recovering every partition of the
+  module's cluster after a SIGKILL, on a shared machine). The bound is counted from when the
+  first of them answers metadata again (two nodes of three: a quorum and two in-sync
+  replicas): the stop within 10 steps (3 s) of it, for the in-sync replicas to grow back
+  (about a second), the worker's clients to find the leaders and the coordinator, its
+  catch-up on ~100 steps and the command latency. The worker's fail-fast exit
+  (``worker.publish_timeout_s``, 120 s) is longer than the outage; had it exited, its
+  supervisor would restart it and the test would say so.
 
 Each test prints its figure, the step at which the stop was applied.
 """
@@ -77,7 +81,7 @@ PAIR_OUTAGE_S = 15.0
 KL_FROM = 60
 KL_GUARD_STEP = 62
 LEADER_STOP_BY = 70
-RESTART_STOP_BY = 90
+RESTART_STOP_BY = 105
 PAIR_CATCH_UP_STEPS = 10
 LAST_STEP = 500  # far past every bound: a late stop is reported with its step
 TOOK_OVER = "took over partition"
@@ -212,7 +216,7 @@ class Run:
     started: list[float] = field(default_factory=list)
     """When each step was logged (``time.monotonic()``; step ``n`` at index ``n - 1``)."""
     restored_at: float | None = None
-    """When the brokers a fault killed all answered again."""
+    """When the first of the brokers a fault killed answered again."""
 
     def step_at(self, moment: float) -> int:
         """The step the run was at, at ``moment`` (``time.monotonic()``)."""
@@ -410,19 +414,28 @@ def test_two_of_three_brokers_down_cost_the_outage_and_the_catch_up(
             for node in pair:
                 cluster.kill(node)
             time.sleep(PAIR_OUTAGE_S)
-            starts = [threading.Thread(target=cluster.start, args=(n,)) for n in pair]
+            back: list[float] = []
+
+            def start(node: int) -> None:
+                cluster.start(node)
+                back.append(time.monotonic())
+
+            starts = [threading.Thread(target=start, args=(n,)) for n in pair]
             for thread in starts:
                 thread.start()
             for thread in starts:
                 thread.join()
-            run.restored_at = time.monotonic()
+            run.restored_at = min(back)  # two of three in sync: writes succeed again
 
         applied_at = drive(run, kill_two_then_restart)
-        assert run.restored_at is not None, "the stop came before the brokers were back"
+        for thread in run.faults:  # the stop may come before the second node answers
+            thread.join(timeout=300)
+        assert run.restored_at is not None, "the brokers' restart failed"
         back = run.step_at(run.restored_at)
         print(
-            f"nodes {pair} killed at step {FAULT_AT_STEP} for {PAIR_OUTAGE_S:.0f} s, both back at "
-            f"step {back}, stop applied at step {applied_at}, worker exits: {run.supervisor.exits}"
+            f"nodes {pair} killed at step {FAULT_AT_STEP} for {PAIR_OUTAGE_S:.0f} s, the first "
+            f"back at step {back}, stop applied at step {applied_at}, worker exits: "
+            f"{run.supervisor.exits}"
         )
         assert applied_at <= back + PAIR_CATCH_UP_STEPS, (applied_at, back)
         resent = assert_every_step_summarised_once(run, applied_at)
