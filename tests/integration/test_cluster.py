@@ -448,3 +448,28 @@ def test_two_of_three_brokers_down_cost_the_outage_and_the_catch_up(
         # Alive, or ended by its fail-fast exit and restarted by its supervisor.
         assert set(run.supervisor.exits) <= {EXIT_PUBLISH_FAILED}, run.supervisor.logs()
         assert run.supervisor.worker.alive()
+
+
+def test_a_worker_started_while_a_broker_is_dead_starts(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A supervisor's restart right after a broker died: the new worker must not exit.
+
+    Within the dead broker's session timeout the cluster still lists it. faust declares its
+    topics at start-up by asking the first broker of its metadata for the controller; each
+    node is killed in turn, so that one of the starts meets that broker dead.
+    """
+    for node in range(1, cluster.nodes + 1):
+        topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
+        worker = WorkerProcess(
+            cluster.bootstrap, topics.prefix, tmp_path / f"worker-{node}.log", partitions=3
+        )
+        cluster.kill(node)
+        try:
+            worker.start()
+            worker.wait_consuming(timeout_s=120.0)
+            assert worker.alive(), worker.log_file
+            print(f"node {node} dead: a new worker consumed")
+        finally:
+            worker.stop()
+            cluster.start(node)
