@@ -17,19 +17,42 @@ faust-streaming 0.15.3 (the version this is written against; the benchmark is it
   second. With the setting off, a full buffer still blocks the fetcher by itself
   (``Conductor.on_message`` awaits the put) until the agent has taken one.
 
+Its transport changes one more: **topic creation past a dead broker**. faust declares each
+of its topics at start-up (a restarted worker too, although they exist) by asking the first
+broker of its cached metadata for the controller, and ends the worker when that broker does
+not answer (``NodeNotReadyError``: a restart right after a broker died, within that broker's
+session timeout). :class:`SteadyTransport` asks the known brokers in turn (aiokafka's
+``fetch_all_metadata``) and retries a creation that met an unreachable broker, on fresh
+metadata, for up to :data:`CREATE_TOPIC_RETRY_S`.
+
 Everything else — offsets, commits, acks, rebalances — is faust's own.
 :func:`use_steady_consumer` installs it on an app before its consumer is created.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+import time
+from typing import Any, Final
 
 import faust
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    NodeNotReadyError,
+    RequestTimedOutError,
+)
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-__all__ = ["SteadyConsumer", "use_steady_consumer"]
+__all__ = ["CREATE_TOPIC_RETRY_S", "SteadyConsumer", "SteadyTransport", "use_steady_consumer"]
+
+log = logging.getLogger(__name__)
+
+CREATE_TOPIC_RETRY_S: Final = 60.0
+"""How long a topic's declaration is retried while brokers do not answer (a fail-over: 9 s)."""
+_UNREACHABLE = (NodeNotReadyError, KafkaConnectionError, RequestTimedOutError, asyncio.TimeoutError)
 
 
 class _FetchWaitThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -84,6 +107,44 @@ class SteadyConsumer(faust_aiokafka.Consumer):
             super().on_buffer_drop(tp)
 
 
+class SteadyTransport(faust_aiokafka.Transport):
+    """faust's aiokafka transport, whose topic creation outlasts a dead broker."""
+
+    async def _get_controller_node(
+        self, owner: Any, client: Any, timeout: int = 30000
+    ) -> int | None:
+        """The controller's id, from the first known broker that answers (faust: the first)."""
+        try:
+            metadata = await client.fetch_all_metadata()  # tries each known broker
+        except KafkaError as exc:
+            raise NodeNotReadyError(f"no broker answered for the controller: {exc}") from exc
+        controller = metadata.controller
+        return None if controller is None else int(controller.nodeId)
+
+    async def _really_create_topic(
+        self,
+        owner: Any,
+        client: Any,
+        topic: str,
+        partitions: int,
+        replication: int,
+        **kwargs: Any,
+    ) -> None:
+        deadline = time.monotonic() + CREATE_TOPIC_RETRY_S
+        while True:
+            try:
+                await super()._really_create_topic(
+                    owner, client, topic, partitions, replication, **kwargs
+                )
+                return
+            except _UNREACHABLE as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("creating topic %s: %r; retrying on fresh metadata", topic, exc)
+            await asyncio.sleep(1.0)
+            await client.force_metadata_update()
+
+
 def use_steady_consumer(
     app: faust.App, *, fetch_max_wait_s: float, pause_on_busy_buffer: bool
 ) -> None:
@@ -96,6 +157,6 @@ def use_steady_consumer(
             "pause_on_busy_buffer": pause_on_busy_buffer,
         },
     )
-    transport = type("WorkerTransport", (faust_aiokafka.Transport,), {"Consumer": consumer})
+    transport = type("WorkerTransport", (SteadyTransport,), {"Consumer": consumer})
     conf: Any = app.conf
     app.transport = transport(conf.broker_consumer, app)
