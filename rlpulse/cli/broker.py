@@ -80,9 +80,15 @@ def broker_up(
     """Start the local broker, or a local cluster (or report the running one)."""
     chosen = settings(config, {"broker.port": port}, without=LOCAL_CONTROL_SKIPS)
     progress = lambda message: say(f"{message}…")  # noqa: E731
-    if nodes > 1 or (state_dir is not None and is_cluster(state_dir)):
+    where = state_dir or chosen.home / "broker"
+    if nodes > 1 or is_cluster(where):
         if secure:
-            raise fail("--secure runs one broker; leave out --nodes")
+            raise fail(
+                "--secure runs one broker; leave out --nodes"
+                if nodes > 1
+                else f"--secure runs one broker, and {where} holds a local cluster; "
+                "use another --state-dir"
+            )
         record = LocalCluster(chosen, nodes, state_dir=state_dir).up(progress)
         out.print(f"Kafka {record.kafka_version} cluster is up at [bold]{record.bootstrap}[/]")
         return

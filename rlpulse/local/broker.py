@@ -48,7 +48,15 @@ from rlpulse.transport.users import USER_NAME, replace_acls, set_scram_password
 if TYPE_CHECKING:
     from rlpulse.local.tls import BrokerTls
 
-__all__ = ["ADMIN_USER", "KafkaJars", "LocalBroker", "NewUser", "bootstrap_or_local_broker", "tail"]
+__all__ = [
+    "ADMIN_USER",
+    "KafkaJars",
+    "LocalBroker",
+    "NewUser",
+    "bootstrap_or_local_broker",
+    "port_in_use",
+    "tail",
+]
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -70,7 +78,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _port_in_use(port: int) -> bool:
+def port_in_use(port: int) -> bool:
+    """Whether something holds ``port`` on 127.0.0.1 (a listener, or a socket bound to it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -363,7 +372,7 @@ class LocalBroker:
             controller_port = port + 1 if self.port else _free_port()
         internal_port = port + 2 if self.port else _free_port()
         for candidate in (port, controller_port, *([internal_port] if self.secure else [])):
-            if _port_in_use(candidate):
+            if port_in_use(candidate):
                 raise BrokerError(
                     f"port {candidate} on 127.0.0.1 is already in use; stop what listens there "
                     "or choose another with --port."

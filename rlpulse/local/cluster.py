@@ -8,7 +8,10 @@ or more nodes, and Kafka's internal topics the same. Node ``i`` (from 1) listens
 ``port + 2 (i - 1)`` and its controller on the port after (9092/9093, 9094/9095, 9096/9097), or
 on free ports with ``port=0``. The cluster's bootstrap (every node) is recorded in
 the state directory with node 1's pid, so ``status``, ``down`` and the other commands find it.
-A node can be killed and started again (:meth:`LocalCluster.kill`, :meth:`LocalCluster.start`).
+``up`` checks every node's ports before it starts one, then writes every node's directory and
+ports (so a cluster whose start failed half-way is still that many nodes), and stops the nodes
+it started when a later one fails. A node can be killed and started again
+(:meth:`LocalCluster.kill`, :meth:`LocalCluster.start`).
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
-from rlpulse.local.broker import LocalBroker
+from rlpulse.local.broker import LocalBroker, port_in_use
 from rlpulse.local.exceptions import BrokerError
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import STATE_FILE, BrokerRecord
@@ -87,6 +91,29 @@ class LocalCluster:
             return {node: base + 2 * (node - 1) for node in range(1, self.nodes + 1)}
         return {node: _free_pair() for node in range(1, self.nodes + 1)}
 
+    def _check_ports(self) -> None:
+        """BrokerError naming a port of a node to start that something else holds."""
+        for node in range(1, self.nodes + 1):
+            if BrokerRecord.read(self._node_dir(node)) is not None:
+                continue
+            for port in (self.ports[node], self.ports[node] + 1):
+                if port_in_use(port):
+                    raise BrokerError(
+                        f"port {port} on 127.0.0.1 (node {node} of {self.nodes}) is already in "
+                        "use; stop what listens there or choose another with --port. "
+                        "No node was started."
+                    )
+
+    def _formatted_id(self) -> str | None:
+        """The cluster id a node's storage was formatted with (a start that failed half-way)."""
+        for node in range(1, self.nodes + 1):
+            meta = self._node_dir(node) / "data" / "meta.properties"
+            with contextlib.suppress(OSError):
+                for line in meta.read_text().splitlines():
+                    if line.startswith("cluster.id="):
+                        return line.removeprefix("cluster.id=").strip()
+        return None
+
     def _recorded(self, node: int) -> BrokerRecord | None:
         """A stopped node's record (its ports stay the node's for a restart)."""
         path = self._node_dir(node) / "ports"
@@ -126,19 +153,33 @@ class LocalCluster:
         )
 
     def up(self, progress: Progress | None = None) -> BrokerRecord:
-        """Start every node that is not running, wait for all; the cluster's record."""
+        """Start every node that is not running, wait for all; the cluster's record.
+
+        Raises :class:`BrokerError` before starting any node when one's ports are taken; when
+        a node fails to start, the nodes this call started are stopped again.
+        """
         say = progress or (lambda _msg: None)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        started = []
+        cluster_id = self._formatted_id() or (
+            base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        )
+        self._check_ports()
         for node in range(1, self.nodes + 1):
-            broker = self.node(node)
-            say(f"node {node} of {self.nodes}: 127.0.0.1:{self.ports[node]}")
-            launched = broker.launch(say, cluster_id, controller_port=self.ports[node] + 1)
+            self._node_dir(node).mkdir(parents=True, exist_ok=True)
             (self._node_dir(node) / "ports").write_text(f"{self.ports[node]}\n")
-            if not isinstance(launched, BrokerRecord):
-                started.append((broker, *launched))
-        for broker, process, info in started:
-            broker.wait_ready(process, info)
+        started: list[tuple[LocalBroker, subprocess.Popen[bytes], BrokerRecord]] = []
+        try:
+            for node in range(1, self.nodes + 1):
+                broker = self.node(node)
+                say(f"node {node} of {self.nodes}: 127.0.0.1:{self.ports[node]}")
+                launched = broker.launch(say, cluster_id, controller_port=self.ports[node] + 1)
+                if not isinstance(launched, BrokerRecord):
+                    started.append((broker, *launched))
+            for broker, process, info in started:
+                broker.wait_ready(process, info)
+        except BaseException:
+            for broker, _process, _info in started:
+                broker.down(timeout_s=5.0)
+            raise
         first = BrokerRecord.read(self._node_dir(1))
         if first is None:
             raise BrokerError(f"node 1 of the cluster in {self.state_dir} is not running")

@@ -18,6 +18,7 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.streams.archive.audit import audit_runs
 from rlpulse.streams.archive.buffer import PartitionBuffer
 from rlpulse.streams.archive.catalog import open_archive, query_archive, run_sql
+from rlpulse.streams.archive.drilldown import step_context
 from rlpulse.streams.archive.exceptions import QueryError
 from rlpulse.streams.archive.layout import FileName, plan_resume
 from rlpulse.streams.archive.prune import prune
@@ -154,6 +155,20 @@ def test_every_table_reads_back_through_its_view(tmp_path: Path) -> None:
     assert rows == [(1,)]
     _, rows = run_sql(con, "SELECT metrics['reward_mean'].mean, missing_ranks FROM steps")
     assert rows == [(1.5, [])]
+
+
+def test_a_step_shows_the_commands_applied_at_it_with_their_acks(tmp_path: Path) -> None:
+    """The sample command is issued for step 40 and acked applied at step 41."""
+    store = ArchiveStore(str(tmp_path))
+    event = {**SAMPLES["TrainerEvent"], "step": 41}
+    flush(store, buffered(tables()["events"], 0, [(0, event, NOW_MS)]))
+    for name in ("commands", "acks"):
+        flush(store, buffered(tables()[name], 0, [(0, SAMPLES[RECORDS[name]], NOW_MS)]))
+    con = open_archive(str(tmp_path), TOPICS)
+    for step in (40, 41):
+        context = step_context(con, "run-1", step)
+        assert [row["command_id"] for row in context.commands.dicts()] == ["c-1"], step
+        assert [row["command_id"] for row in context.acks.dicts()] == ["c-1"], step
 
 
 def test_undecodable_messages_are_kept_as_dead_letters(tmp_path: Path) -> None:

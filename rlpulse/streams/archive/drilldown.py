@@ -2,8 +2,8 @@
 
 The step's StepSummaries (every stage, every revision), every rank's metrics events, every
 log record of the run between the step's first and last event (widened by a margin, since
-what explains a step is often logged just before or after it), and the commands issued for
-the step with their acks.
+what explains a step is often logged just before or after it), the commands issued for the
+step or applied at it, and their acks.
 """
 
 from __future__ import annotations
@@ -94,11 +94,15 @@ def step_context(
                 day_of(high // 1_000_000 + _MS_PER_HOUR),
             ],
         )
+    # A command issued for another step (a rule's, seen late; an operator's, step -1) and
+    # applied at this one belongs here too: its ack is shown, so is what it acknowledges.
     commands = _rows(
         con,
         "SELECT command_id, stage, origin, rule_id, dry_run, actions, reason, time "
-        f"FROM commands WHERE {where} ORDER BY issued_ns",
-        [*run, step],
+        "FROM commands WHERE run = ? AND run_id = ? AND (step = ? OR command_id IN ("
+        "SELECT command_id FROM acks WHERE run = ? AND run_id = ? AND applied_at_step = ?)) "
+        "ORDER BY issued_ns",
+        [*run, step, *run, step],
     )
     acks = _rows(
         con,
