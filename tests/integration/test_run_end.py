@@ -144,12 +144,13 @@ def audits_of(
         time.sleep(0.5)
 
 
-def wait_for_step(bootstrap: str, topics: Topics, run_id: str, step: int) -> None:
+def wait_for_step(bootstrap: str, topics: Topics, run_id: str, step: int, ranks: int) -> None:
+    """Until every one of ``ranks`` ranks has an event of ``step`` or later on the topic."""
     read_until(
         bootstrap,
         topics.events,
         default_codec().decode_event,
-        lambda found: any(e["step"] >= step for e in found),
+        lambda found: len({e["rank"] for e in found if e["step"] >= step}) == ranks,
         keep=lambda e: e["run_id"] == run_id and e["kind"] == "metrics",
         timeout_s=RUN_TIMEOUT_S,
     )
@@ -219,7 +220,8 @@ def test_a_killed_run_is_audited_after_its_silence_and_again_when_resumed(
         args = loop_args(kafka_bootstrap, topics, run_id, "--pid-dir", str(pids))
         trainer = start(torchrun(2, LOOP, *args))
         try:
-            wait_for_step(kafka_bootstrap, topics, run_id, 5)
+            # Both ranks' events on the topic first: a SIGKILL loses what librdkafka held.
+            wait_for_step(kafka_bootstrap, topics, run_id, 5, ranks=2)
             for rank in (0, 1):
                 os.kill(int((pids / f"rank{rank}.pid").read_text()), signal.SIGKILL)
             log, _ = trainer.communicate(timeout=RUN_TIMEOUT_S)
