@@ -54,14 +54,6 @@ class ChildProcess:
         """Whether the child is still running."""
         return self.process is not None and self.process.poll() is None
 
-    def kill(self) -> int | None:
-        """SIGKILL the child (as a crash would end it) and wait for it; its exit code."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.kill()
-        return self.process.wait()
-
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
         """Send ``sig``; after ``timeout_s`` without exit, SIGKILL. Returns the exit code.
 

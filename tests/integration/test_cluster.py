@@ -173,14 +173,14 @@ class Supervisor:
     def kill(self) -> None:
         """SIGKILL the worker (the watch restarts it)."""
         with self._lock:
-            self.worker.kill()
+            self.worker.stop(signal.SIGKILL)
 
     def _watch(self) -> None:
         restarted: float | None = None
         while not self._done.wait(0.05):
             with self._lock:
                 if not self.worker.alive():
-                    code = self.worker.kill()
+                    code = self.worker.stop(signal.SIGKILL)  # reaps the ended process
                     self.exits.append(-1 if code is None else code)
                     self.worker.log_file = self.log_dir / f"worker-{len(self.exits)}.log"
                     self.worker.start()
