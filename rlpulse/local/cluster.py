@@ -4,7 +4,9 @@
 from the same jars, each a broker and a KRaft controller (one static quorum of all nodes), in
 ``<state>/node-<id>``, formatted with one cluster id. The cluster replicates like a production
 one: ``default.replication.factor`` = ``min(3, nodes)``, ``min.insync.replicas`` = 2 with three
-or more nodes, and Kafka's internal topics the same. Node ``i`` (from 1) listens on
+or more nodes, and Kafka's internal topics the same. A dead node is fenced after 6 s without a
+heartbeat (``broker.session.timeout.ms``; Kafka's default is 9 s), which bounds the leader
+fail-over a broker failure costs. Node ``i`` (from 1) listens on
 ``port + 2 (i - 1)`` and its controller on the port after (9092/9093, 9094/9095, 9096/9097), or
 on free ports with ``port=0``. The cluster's bootstrap (every node) is recorded in
 the state directory with node 1's pid, so ``status``, ``down`` and the other commands find it.
@@ -37,6 +39,7 @@ __all__ = ["LocalCluster", "is_cluster"]
 
 _NODE_PREFIX: Final = "node-"
 Progress = Callable[[str], None]
+SESSION_TIMEOUT_MS: Final = 6000
 
 
 def is_cluster(state_dir: Path) -> bool:
@@ -144,6 +147,8 @@ class LocalCluster:
             "transaction.state.log.min.isr": str(2 if factor >= 3 else 1),
             "share.coordinator.state.topic.replication.factor": str(factor),
             "share.coordinator.state.topic.min.isr": str(2 if factor >= 3 else 1),
+            "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
+            "broker.heartbeat.interval.ms": "1000",
         }
         return LocalBroker(
             self.settings,

@@ -53,6 +53,7 @@ __all__ = [
 
 QUEUE_MAX_MESSAGES = 1_000_000
 _LOG = logging.getLogger("rlpulse.librdkafka")
+RECONNECT_BACKOFF_MAX_MS = 1000
 _BROKER_HEAD = re.compile(r"^(?:[a-z_]+://)?\S+/\w+: ")
 
 
@@ -197,7 +198,13 @@ def ca_file(settings: Settings) -> Path | None:
 
 def client_properties(settings: Settings) -> dict[str, Any]:
     """The librdkafka properties every client shares: where Kafka is, and how to reach it."""
-    properties: dict[str, Any] = {"bootstrap.servers": bootstrap_servers(settings)}
+    properties: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers(settings),
+        # librdkafka doubles the wait between reconnects up to 10 s by default: a broker back
+        # after an outage would go unused for up to 10 s (docs/worker.md, "What a broker
+        # failure costs").
+        "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
+    }
     security = settings.security
     if security.protocol == "PLAINTEXT":
         return properties

@@ -41,7 +41,10 @@ def sasl_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_default_is_plaintext_and_clients_are_unchanged() -> None:
     settings = Settings()
     assert settings.security.protocol == "PLAINTEXT"
-    assert client_properties(settings) == {"bootstrap.servers": "127.0.0.1:9092"}
+    assert client_properties(settings) == {
+        "bootstrap.servers": "127.0.0.1:9092",
+        "reconnect.backoff.max.ms": 1000,
+    }
     assert faust_broker_options(settings) == {"broker": "kafka://127.0.0.1:9092"}
     assert settings.security.signing_key() is None
 
@@ -149,6 +152,7 @@ def test_sasl_ssl_client_properties(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("RLPULSE_BOOTSTRAP", "kafka-1:9093")
     assert client_properties(load_settings()) == {
         "bootstrap.servers": "kafka-1:9093",
+        "reconnect.backoff.max.ms": 1000,
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": "alice",
@@ -168,6 +172,7 @@ def test_mutual_tls_client_properties(tmp_path: Path) -> None:
     properties = client_properties(Settings(bootstrap="kafka-1:9093", security=security))
     assert properties == {
         "bootstrap.servers": "kafka-1:9093",
+        "reconnect.backoff.max.ms": 1000,
         "security.protocol": "SSL",
         "ssl.certificate.location": str(tmp_path / "client.pem"),
         "ssl.key.location": str(tmp_path / "client.key"),
