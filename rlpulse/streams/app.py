@@ -90,6 +90,7 @@ from rlpulse.streams.steady_consumer import use_steady_consumer
 from rlpulse.streams.write_behind import WriteBehind, flush_in_order
 from rlpulse.transport.clients import faust_broker_options
 from rlpulse.transport.replication import Replication
+from rlpulse.transport.topics import TopicSpec
 
 __all__ = ["EXIT_PUBLISH_FAILED", "WorkerApp", "fail_fast", "faust_app"]
 
@@ -274,6 +275,22 @@ class WorkerApp:
         )
         self.app.timer(settings.worker.tick_interval_s, name="rlpulse.ticks")(self._send_ticks)
         self.app.on_partitions_revoked.connect(self._on_revoked)
+
+    def faust_topics(self) -> dict[str, TopicSpec]:
+        """The topics faust would create at start: each table's changelog, its assignor's.
+
+        The worker creates them first (:func:`~rlpulse.transport.topics.create_missing`) and
+        waits for their leaders: a topic faust creates itself is subscribed to before the
+        broker's metadata shows it, and aiokafka logs an ERROR for it.
+        """
+        changelogs = {
+            view.table.changelog_topic.get_topic_name(): TopicSpec(
+                self.settings.worker.partitions, {"cleanup.policy": "compact"}
+            )
+            for view in self._tables
+        }
+        leader = f"{self.app.conf.id}-__assignor-__leader"
+        return {**changelogs, leader: TopicSpec(1, {})}
 
     # -- joiner ---------------------------------------------------------------------------
 

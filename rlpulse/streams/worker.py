@@ -25,7 +25,7 @@ from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
 from rlpulse.transport.replication import Replication, fix_commands, under_replicated
-from rlpulse.transport.topics import ensure_topics
+from rlpulse.transport.topics import create_missing, ensure_topics
 
 __all__ = ["run_worker", "start_up", "warn_under_replicated"]
 
@@ -50,6 +50,17 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
     book, follow = rule_book(settings)
     registry = CollectorRegistry()
     worker_app = WorkerApp(settings, book, registry=registry, replication=replication)
+    retry_until(
+        deadline,
+        lambda: create_missing(
+            new_admin(settings),
+            worker_app.faust_topics(),
+            replication,
+            timeout_s=max(1.0, min(30.0, deadline.left())),
+        ),
+        "the worker's state topics",
+        say,
+    )
     follow(deadline)  # after WorkerApp attached the book's counters: refusals at start count
     GcPauseTimer(worker_app.metrics).install()
     # faust makes several objects per message; Python's default (a young collection every

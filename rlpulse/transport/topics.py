@@ -18,6 +18,8 @@ from rlpulse.transport.replication import Replication, cluster_replication
 
 __all__ = [
     "EnsuredTopics",
+    "TopicSpec",
+    "create_missing",
     "delete_topics",
     "ensure_topics",
     "list_topics",
@@ -69,23 +71,49 @@ def ensure_topics(
     names = topics if topics is not None else Topics(settings.prefix)
     count = partitions if partitions is not None else settings.worker.partitions
     admin = new_admin(settings)
-    wanted = wanted_partitions(names, count)
     replication = cluster_replication(settings, admin, timeout_s)
+    wanted = {
+        name: TopicSpec(want, topic_config(names, name))
+        for name, want in wanted_partitions(names, count).items()
+    }
+    created = create_missing(admin, wanted, replication, timeout_s)
+    return EnsuredTopics(created, replication)
+
+
+class TopicSpec(NamedTuple):
+    """A topic to create: its partition count and its topic-level configuration."""
+
+    partitions: int
+    config: dict[str, str]
+
+
+def create_missing(
+    admin: AdminClient,
+    wanted: dict[str, TopicSpec],
+    replication: Replication,
+    timeout_s: float,
+) -> list[str]:
+    """Create the topics of ``wanted`` that do not exist, with ``replication``'s copies.
+
+    An existing topic with another partition count is an error (:class:`TopicError`).
+    Returns the names it created (sorted) once every topic of ``wanted`` has a leader for
+    each partition, so that a client subscribing next finds them in its metadata.
+    """
     existing = list_topics(admin, timeout_s)
-    for name, want in wanted.items():
-        if name in existing and len(existing[name].partitions) != want:
+    for name, spec in wanted.items():
+        if name in existing and len(existing[name].partitions) != spec.partitions:
             raise TopicError(
                 f"topic {name} has {len(existing[name].partitions)} partitions, rlpulse needs "
-                f"{want}; delete it or use another prefix"
+                f"{spec.partitions}; delete it or use another prefix"
             )
     new = [
         NewTopic(
             name,
-            num_partitions=want,
+            num_partitions=spec.partitions,
             replication_factor=replication.factor,
-            config={**topic_config(names, name), **replication.topic_config()},
+            config={**spec.config, **replication.topic_config()},
         )
-        for name, want in wanted.items()
+        for name, spec in wanted.items()
         if name not in existing
     ]
     created: list[str] = []
@@ -98,8 +126,8 @@ def ensure_topics(
                     raise TopicError(f"could not create topic {name}: {exc}") from exc
             else:
                 created.append(name)
-    wait_for_leaders(admin, wanted, timeout_s)
-    return EnsuredTopics(sorted(created), replication)
+    wait_for_leaders(admin, {name: spec.partitions for name, spec in wanted.items()}, timeout_s)
+    return sorted(created)
 
 
 def topic_config(topics: Topics, name: str) -> dict[str, str]:
