@@ -154,9 +154,16 @@ class EventLimits(_Section):
 
 
 class ProducerSettings(_Section):
-    """The trainer side's Kafka producer, spool and control client."""
+    """The trainer side's Kafka producer, write-ahead log (the spool) and control client."""
 
     linger_ms: int = Field(default=5, ge=0, description="librdkafka's batching delay.")
+    batch_linger_ms: int = Field(
+        default=20,
+        ge=1,
+        description=(
+            "How long the sender thread gathers log records into one batch (events go at once)."
+        ),
+    )
     compression: Compression = Field(default="lz4", description="Compression of event batches.")
     control_lookback_s: float = Field(
         default=3600, gt=0, description="How far back the control client reads at start."
@@ -172,25 +179,36 @@ class ProducerSettings(_Section):
     delivery_timeout_s: float = Field(
         default=60,
         gt=0,
-        description="How long an event may wait for the broker before it goes to the spool.",
+        description=(
+            "How long a record may wait for the broker before its delivery counts as failed "
+            "(it is sent again from the write-ahead log when the broker answers)."
+        ),
     )
     close_timeout_s: float = Field(
-        default=10, ge=0, description="How long close() waits for delivery before spooling."
+        default=10,
+        ge=0,
+        description="How long close() waits for delivery; the rest stays in the write-ahead log.",
     )
     spool_dir: Path | None = Field(
-        default=None, description="Root of the spool; unset: <home>/spool."
+        default=None,
+        description="Root of the write-ahead logs (one per run and producer); unset: <home>/spool.",
     )
     hostname: str | None = Field(
         default=None,
         description="The host name events and log records carry; unset: the machine's.",
     )
     spool_file_bytes: int = Field(
-        default=8 * MIB, ge=4096, description="A spool file is rotated at this size."
+        default=8 * MIB,
+        ge=4096,
+        description="Size of a write-ahead log segment (reserved on disk when it is made).",
     )
     spool_max_bytes: int = Field(
         default=1024 * MIB,
         ge=4096,
-        description="Spool space one producer may use; events beyond it are dropped (counted).",
+        description=(
+            "Disk one producer's write-ahead log may use; records that would pass it while "
+            "Kafka takes nothing are dropped (the newest; counted, warned once)."
+        ),
     )
     strict: bool = Field(
         default=False,
@@ -453,6 +471,12 @@ class LoggingSettings(_Section):
         default=100_000,
         ge=1,
         description="Lines waiting for the local file writer; beyond it lines are dropped.",
+    )
+    batch_max_bytes: ByteSize = Field(
+        default=ByteSize(512 * 1024),
+        ge=1024,
+        le=ByteSize(900 * 1024),
+        description="Largest LogBatch message (encoded records; below Kafka's 1 MB message cap).",
     )
 
 

@@ -1,4 +1,4 @@
-"""``rlpulse replay [DIR]``: send the events a dead trainer process left in its spool."""
+"""``rlpulse replay [DIR]``: send what dead trainer processes left in their write-ahead logs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 
 from rlpulse.cli.common import Bootstrap, ConfigFile, err, in_force, one_line_errors, out, settings
-from rlpulse.producers.replay import replay_spool
-from rlpulse.schemas.topics import Topics
+from rlpulse.producers.replay import replay_logs
 from rlpulse.transport.bootstrap import bootstrap_servers
 
 
@@ -18,50 +17,51 @@ def replay(
     directory: Annotated[
         Path | None,
         typer.Argument(
-            help="A spool directory, searched recursively. "
+            help="A directory of write-ahead logs, searched recursively. "
             + in_force("producer.spool_dir", shown=lambda chosen: chosen.spool_root)
         ),
     ] = None,
     bootstrap: Bootstrap = None,
     prefix: Annotated[
-        str | None, typer.Option(help="Send to <prefix>.events instead of the spooled topic.")
+        str | None,
+        typer.Option(help="Send to <prefix>.events and <prefix>.logs, not the logs' own topics."),
     ] = None,
     timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for Kafka, and for each spool file's delivery.")
+        float, typer.Option(help="Seconds to wait for Kafka and for the records' delivery.")
     ] = 60.0,
     config: ConfigFile = None,
 ) -> None:
-    """Send the events a trainer process left in its spool (e.g. after it was killed).
+    """Send what trainer processes left in their write-ahead logs (e.g. after a kill).
 
-    Every spool file is tried (a producer's later files wait behind one of its files that
-    failed, to keep its events in order); each file not delivered is named with its cause.
-    Exits 0 when every event was delivered (or there was none), 1 when some were not
-    (their files are kept for another try).
+    What is already on the topics (sent before the process died) is read back and not sent
+    again, so every record arrives once however often this runs. A log sent whole is
+    deleted; each log that is not is named with its cause and kept. Exits 0 when every
+    record was sent (or there was none), 1 when some were not.
     """
-    chosen = settings(config, {"bootstrap": bootstrap, "prefix": prefix})
+    chosen = settings(config, {"bootstrap": bootstrap})
     root = directory or chosen.spool_root
-    topic = None if prefix is None else Topics(chosen.prefix).events
-    report = replay_spool(root, chosen, topic=topic, timeout_s=timeout)
+    if not root.exists():
+        err.print(f"{root} does not exist: nothing to replay", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    report = replay_logs(root, chosen, prefix=prefix, timeout_s=timeout)
     out.print(
-        f"replayed {report.delivered} event(s) from {report.files} spool file(s) under "
-        f"{root} to {bootstrap_servers(chosen)}",
+        f"sent {report.delivered} record(s) from {report.logs} write-ahead log(s) under "
+        f"{root} to {bootstrap_servers(chosen)}; {report.found} were there already",
         highlight=False,
         soft_wrap=True,
     )
     if report.busy_producers:
-        out.print(f"skipped {report.busy_producers} spool(s) held by a live process")
-    if report.unreadable_lines:
-        out.print(f"skipped {report.unreadable_lines} unreadable line(s)")
+        out.print(f"skipped {report.busy_producers} log(s) held by a live process")
     for kept in report.kept:
         err.print(
-            f"{kept.path}: {kept.events} event(s) not delivered: {kept.cause}",
+            f"{kept.path}: {kept.records} record(s) not sent: {kept.cause}",
             highlight=False,
             soft_wrap=True,
         )
     if not report.complete:
         err.print(
-            f"{report.undelivered} event(s) in {len(report.kept)} spool file(s) not delivered; "
-            "their files are kept: run the replay again",
+            f"{report.undelivered} record(s) in {len(report.kept)} log(s) not sent; "
+            "the logs are kept: run the replay again",
             highlight=False,
             soft_wrap=True,
         )

@@ -1,12 +1,16 @@
-"""The hot-path encoder of one logger's LogRecords (``<prefix>.logs``).
+"""The hot-path encoder of one logger's text log records, and their batches (``<prefix>.logs``).
 
-Like :mod:`rlpulse.producers.wire` for events: fastavro's ``schemaless_writer`` takes about
-14 us per log record, more than the ``logging`` call around it, while most of a record's
-bytes (run id, rank, host, pid, producer id, tags) are the same for every record of a
-logger. :class:`LogEncoder` writes those once; a record costs a few microseconds. The
-output is byte-identical to ``Codec.encode("LogRecord", ...)`` (a property test checks
-it); if the newest LogRecord schema is not :data:`FAST_FINGERPRINT`, records go through
-the codec.
+Log records travel in :class:`~rlpulse.schemas.records.LogBatch` messages: the fields every
+record of a logger shares (run id, rank, host, pid, producer id, tags) once, then the
+records' own fields as an array of ``LogEntry``. A record is encoded once, as its LogEntry's
+Avro body, on the caller's thread: those bytes are the write-ahead log's frame
+(:mod:`rlpulse.producers.wal`) and, unchanged, an item of the batch the sender thread builds
+(:meth:`LogEncoder.batch` joins the shared head, the count and the entries). fastavro's
+``schemaless_writer`` would take about 14 us a record, more than the ``logging`` call around
+it; :meth:`LogEncoder.entry` takes a few. Its output is byte-identical to the codec's (a
+property test checks it); the head is the codec's own encoding of a batch without entries, so
+a change of the shared fields needs no edit here. If the newest LogBatch schema is not
+:data:`FAST_FINGERPRINT`, entries go through fastavro.
 
 Messages and tracebacks longer than a record may be are cut (with a note saying how much
 was cut), never refused: a log line that explains a crash must arrive.
@@ -14,18 +18,22 @@ was cut), never refused: a log line that explains a crash must arrive.
 
 from __future__ import annotations
 
+import io
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from fastavro import schemaless_writer
 
 from rlpulse.producers.wire import avro_string, zigzag
-from rlpulse.schemas.codec import MAGIC, Codec
-from rlpulse.schemas.records import LogRecord
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.records import LogEntry, LogRecord
 
 __all__ = ["FAST_FINGERPRINT", "LogEncoder", "LogSource", "TimestampVarint", "fit_text"]
 
-FAST_FINGERPRINT = bytes.fromhex("6db7cccdb56f4a74")
-"""CRC-64-AVRO fingerprint (as on the wire) of LogRecord v1, the layout written here."""
+FAST_FINGERPRINT = bytes.fromhex("3c496b0615a579c5")
+"""CRC-64-AVRO fingerprint (as on the wire) of LogBatch v1, whose LogEntry is written here."""
 
 _DOUBLE = struct.Struct("<d").pack
 _NULL = b"\x00"
@@ -119,28 +127,36 @@ class LogSource:
 
 
 class LogEncoder:
-    """Encodes the LogRecords of one :class:`LogSource`; ``max_text_bytes`` caps text fields."""
+    """Encodes the log records of one :class:`LogSource`; ``max_text_bytes`` caps text fields."""
 
     def __init__(self, source: LogSource, codec: Codec, max_text_bytes: int) -> None:
         self.source = source
-        self._codec = codec
         self.max_text_bytes = max_text_bytes
-        schema = codec.registry.latest("LogRecord")
+        schema = codec.registry.latest("LogBatch")
         self.fast = schema.fingerprint == FAST_FINGERPRINT
-        """Whether the precomputed layout is used (the newest schema is v1)."""
-        self._head = MAGIC + schema.fingerprint + avro_string(source.run_id)
-        self._head += zigzag(source.attempt)
-        self._rank = zigzag(source.rank)
-        self._tags = _string_map(source.tags)
-        self._host = (
-            avro_string(source.hostname)
-            + avro_string(source.host_ip)
-            + zigzag(source.pid)
-            + avro_string(source.producer_id)
+        """Whether the precomputed layout is used (the newest schema is LogBatch v1)."""
+        empty = codec.encode("LogBatch", {**self._shared(), "entries": []})
+        self.head = empty[:-1]  # without the empty array's terminating count
+        """The bytes every batch of this source starts with (header and shared fields)."""
+        self._entry_schema: Any = next(
+            f["type"]["items"] for f in schema.parsed["fields"] if f["name"] == "entries"
         )
         self._timestamp = TimestampVarint()
         self._strings: dict[str, bytes] = {}
         self._levels: dict[tuple[str, int], bytes] = {}
+
+    def _shared(self) -> dict[str, Any]:
+        source = self.source
+        return {
+            "run_id": source.run_id,
+            "attempt": source.attempt,
+            "rank": source.rank,
+            "tags": dict(source.tags),
+            "hostname": source.hostname,
+            "host_ip": source.host_ip,
+            "pid": source.pid,
+            "producer_id": source.producer_id,
+        }
 
     def _cached(self, text: str) -> bytes:
         """``avro_string(text)`` for the few texts that repeat: stage and logger names."""
@@ -151,7 +167,7 @@ class LogEncoder:
                 self._strings[text] = found
         return found
 
-    def encode(
+    def entry(
         self,
         step: int,
         stage: str,
@@ -168,26 +184,31 @@ class LogEncoder:
         sample_rate: float = 1.0,
         sampled_out: Mapping[str, int] | None = None,
     ) -> bytes:
-        """The single-object encoding of one record (text fields cut to fit)."""
+        """The Avro body of one record's LogEntry (text fields cut to fit)."""
         message = fit_text(message, self.max_text_bytes)
         if exception is not None:
             exception = fit_text(exception, self.max_text_bytes)
         if not self.fast:
-            record = self.record(
-                step, stage, level, levelno, logger, message, timestamp_ns, seq,
-                exception=exception, trace_id=trace_id, fields=fields,
-                sample_rate=sample_rate, sampled_out=sampled_out,
+            buffer = io.BytesIO()
+            schemaless_writer(
+                buffer,
+                self._entry_schema,
+                self.entry_record(
+                    step, stage, level, levelno, logger, message, timestamp_ns, seq,
+                    exception=exception, trace_id=trace_id, fields=fields,
+                    sample_rate=sample_rate, sampled_out=sampled_out,
+                ),
             )  # fmt: skip
-            return self._codec.encode("LogRecord", record)
+            return buffer.getvalue()
         level_bytes = self._levels.get((level, levelno))
         if level_bytes is None:
             level_bytes = self._levels[(level, levelno)] = avro_string(level) + zigzag(levelno)
         return b"".join(
             (
-                self._head,
+                zigzag(seq),
+                self._timestamp(timestamp_ns),
                 zigzag(step),
                 self._cached(stage),
-                self._rank,
                 level_bytes,
                 self._cached(logger),
                 avro_string(message),
@@ -196,12 +217,46 @@ class LogEncoder:
                 _string_map(fields) if fields else _END_OF_MAP,
                 _RATE_ONE if sample_rate == 1.0 else _DOUBLE(sample_rate),
                 _long_map(sampled_out) if sampled_out else _END_OF_MAP,
-                self._tags,
-                self._timestamp(timestamp_ns),
-                self._host,
-                zigzag(seq),
             )
         )
+
+    def batch(self, entries: Sequence[bytes]) -> bytes:
+        """One LogBatch message of ``entries`` (bodies from :meth:`entry`, in seq order)."""
+        return self.head + batch_body(entries)
+
+    def entry_record(
+        self,
+        step: int,
+        stage: str,
+        level: str,
+        levelno: int,
+        logger: str,
+        message: str,
+        timestamp_ns: int,
+        seq: int,
+        *,
+        exception: str | None = None,
+        trace_id: str | None = None,
+        fields: Mapping[str, str] | None = None,
+        sample_rate: float = 1.0,
+        sampled_out: Mapping[str, int] | None = None,
+    ) -> LogEntry:
+        """The LogEntry as consumers decode it."""
+        return {
+            "seq": seq,
+            "timestamp_ns": timestamp_ns,
+            "step": step,
+            "stage": stage,
+            "level": level,
+            "levelno": levelno,
+            "logger": logger,
+            "message": message,
+            "exception": exception,
+            "trace_id": trace_id,
+            "fields": {str(k): str(v) for k, v in (fields or {}).items()},
+            "sample_rate": float(sample_rate),
+            "sampled_out": {str(k): int(v) for k, v in (sampled_out or {}).items()},
+        }
 
     def record(
         self,
@@ -220,28 +275,17 @@ class LogEncoder:
         sample_rate: float = 1.0,
         sampled_out: Mapping[str, int] | None = None,
     ) -> LogRecord:
-        """The same record as consumers decode it."""
-        source = self.source
-        return {
-            "run_id": source.run_id,
-            "attempt": source.attempt,
-            "step": step,
-            "stage": stage,
-            "rank": source.rank,
-            "level": level,
-            "levelno": levelno,
-            "logger": logger,
-            "message": message,
-            "exception": exception,
-            "trace_id": trace_id,
-            "fields": {str(k): str(v) for k, v in (fields or {}).items()},
-            "sample_rate": float(sample_rate),
-            "sampled_out": {str(k): int(v) for k, v in (sampled_out or {}).items()},
-            "tags": dict(source.tags),
-            "timestamp_ns": timestamp_ns,
-            "hostname": source.hostname,
-            "host_ip": source.host_ip,
-            "pid": source.pid,
-            "producer_id": source.producer_id,
-            "seq": seq,
-        }
+        """The whole record as consumers decode it (shared fields and the entry's)."""
+        entry = self.entry_record(
+            step, stage, level, levelno, logger, message, timestamp_ns, seq,
+            exception=exception, trace_id=trace_id, fields=fields,
+            sample_rate=sample_rate, sampled_out=sampled_out,
+        )  # fmt: skip
+        return {**self._shared(), **entry}  # type: ignore[typeddict-item]
+
+
+def batch_body(entries: Sequence[bytes]) -> bytes:
+    """The ``entries`` array of a LogBatch: one block of ``len(entries)`` items, then the end."""
+    if not entries:
+        return _END_OF_MAP
+    return zigzag(len(entries)) + b"".join(entries) + _END_OF_MAP

@@ -1,9 +1,9 @@
-"""The run-scoped event logger: TrainerEvents to ``<prefix>.events``, LogRecords to ``.logs``.
+"""The run-scoped event logger: TrainerEvents to ``<prefix>.events``, log records to ``.logs``.
 
-Both kinds share one producer, one spool and one ``seq`` counter, so the archive's audit
-sees a producer's every record, whichever topic it went to, as one numbered sequence. With
-``logging.log_dir`` set, metrics events and log records are also written to this rank's
-local file (:mod:`rlpulse.producers.rankfiles`), off the training thread.
+Both kinds share one write-ahead log, one sender thread and one ``seq`` counter, so the
+archive's audit sees a producer's every record, whichever topic it went to, as one numbered
+sequence. With ``logging.log_dir`` set, metrics events and log records are also written to
+this rank's local file (:mod:`rlpulse.producers.rankfiles`), off the training thread.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from functools import cache, partial
 from types import TracebackType
 from typing import get_args
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.producers.arguments import (
@@ -32,7 +32,6 @@ from rlpulse.producers.arguments import (
     require_run_id,
     string_map,
 )
-from rlpulse.producers.delivery import DeliveryCounts, DeliveryPump
 from rlpulse.producers.exceptions import (
     InvalidFieldError,
     InvalidValueError,
@@ -42,7 +41,9 @@ from rlpulse.producers.exceptions import (
 from rlpulse.producers.jsonl import EVENT_FIELDS, LOG_KIND
 from rlpulse.producers.log_wire import LogEncoder, LogSource
 from rlpulse.producers.rankfiles import RankFileSink
-from rlpulse.producers.spool import Spool, SpooledEvent, run_spool_dir, spool_files
+from rlpulse.producers.sender import WalSender
+from rlpulse.producers.shipper import ShipperCounts
+from rlpulse.producers.wal import EVENT, LOG, LogMeta, WalWriter, run_wal_dir
 from rlpulse.producers.wire import EventEncoder, EventSource, RefusedEvent
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import EventKind
@@ -57,7 +58,8 @@ from rlpulse.schemas.validation import (
     stage_problem,
 )
 from rlpulse.settings import Settings
-from rlpulse.transport.clients import trainer_producer
+from rlpulse.transport.clients import new_consumer, trainer_producer
+from rlpulse.transport.roles import control_group_prefix
 
 log = logging.getLogger(__name__)
 _warn_refused = WarnOnce(log)
@@ -78,17 +80,18 @@ def host_ip() -> str:
 class EventLogger:
     """Publishes one run's TrainerEvents from one process (one rank); never blocks, never loses.
 
-    Construction does no I/O; the librdkafka producer and a daemon delivery thread
-    start with the first event. ``log()`` encodes the event and hands it to
-    librdkafka's in-memory queue, which batches, compresses and retries in the
-    background — no disk I/O and no waiting while the broker is healthy, and none
-    for metadata while it is not. Events that cannot be delivered (see
-    :mod:`rlpulse.producers.delivery` for exactly when) go to a local spool under
-    :func:`~rlpulse.producers.spool.run_spool_dir` and are sent again when the broker is back;
-    ``close()``, also run at interpreter exit, flushes with a bounded timeout and
-    spools the rest. Transport trouble never raises: it shows in the counters and in
-    ``logging``. ``producer_id`` (fixed per logger) and ``seq`` (0, 1, 2, ...)
-    identify each event, so consumers drop duplicates from retries and replays.
+    Construction does no I/O; the write-ahead log, the librdkafka producer and rlpulse's
+    sender thread start with the first record. ``log()`` validates, stamps and encodes the
+    record and appends it to the producer's write-ahead log (:mod:`rlpulse.producers.wal`: a
+    copy into a memory-mapped file, no system call), so it is in the operating system's
+    hands before the call returns and survives a SIGKILL of the process; the sender thread
+    (:mod:`rlpulse.producers.sender`) sends it — events one per message, log records in
+    batches — and, while the broker is out of reach, sends it later from the log. What a
+    dead process left is sent by the next process of the run on the host, or by ``rlpulse
+    replay``. ``close()``, also run at interpreter exit, waits a bounded time for delivery.
+    Transport trouble never raises: it shows in the counters and in ``logging``.
+    ``producer_id`` (fixed per logger) and ``seq`` (0, 1, 2, ...) identify each record, and
+    every record reaches its topic once.
 
     Create it in the process that logs (after any fork).
     """
@@ -122,8 +125,10 @@ class EventLogger:
                 f"run {self.run_id!r}: the worker would refuse every event of this logger: "
                 f"{problem}"
             )
-        self.spool_dir = run_spool_dir(self.settings, self.run_id)
-        """Where this logger spools what it cannot deliver."""
+        self.spool_dir = run_wal_dir(self.settings, self.run_id)
+        """The run's directory of write-ahead logs (one per producer) on this host."""
+        self.wal_dir = self.spool_dir / self.producer_id
+        """This logger's write-ahead log."""
         self.refused: dict[str, int] = {}
         """Events ``log()`` refused because the worker would dead-letter them, per reason code."""
         self.last_step = 0
@@ -163,10 +168,11 @@ class EventLogger:
             self._limits,
         )
         self._lock = threading.RLock()
-        self._producer: Producer | None = None
-        self._pump: DeliveryPump | None = None
+        self._writer: WalWriter | None = None
+        self._sender: WalSender | None = None
         self._at_exit: Callable[[], None] | None = None
-        self._counts = DeliveryCounts()
+        self._counts = ShipperCounts()
+        self._not_written = 0
         self._closed = False
         self._seq = 0
 
@@ -182,32 +188,30 @@ class EventLogger:
 
     @property
     def delivered(self) -> int:
-        """Logged events the broker acknowledged."""
+        """Logged records the broker acknowledged on their first delivery."""
         return self._counts.delivered
 
     @property
     def spooled(self) -> int:
-        """Events written to the spool (again after a failed replay)."""
-        return self._counts.spooled
+        """Records whose delivery failed (the broker out of reach) and were sent again."""
+        return self._counts.resent
 
     @property
     def replayed(self) -> int:
-        """Spooled events (this logger's or a dead producer's of the same run) since delivered."""
-        return self._counts.replayed
+        """Records of dead producers of the same run on this host that this logger sent."""
+        sender = self._sender
+        return 0 if sender is None else sender.replayed
 
     @property
     def dropped(self) -> int:
-        """Events lost: refused by the broker as invalid, or no room or no disk for the spool."""
-        return self._counts.dropped
+        """Records lost: refused by the broker as invalid, or not written (log full, no disk)."""
+        return self._counts.dropped + self._not_written
 
     @property
     def pending(self) -> int:
-        """Events held in memory: in librdkafka's queue or waiting to be written to the spool."""
-        with self._lock:
-            producer, pump = self._producer, self._pump
-        if producer is None or pump is None:
-            return 0
-        return pump.in_memory
+        """Records in the write-ahead log that Kafka has not acknowledged yet."""
+        sender = self._sender
+        return 0 if sender is None else sender.pending
 
     def log(
         self,
@@ -282,7 +286,7 @@ class EventLogger:
             if problem is not None:
                 self._refuse(problem)
                 return
-        with self._lock:  # seq order is queue order, whichever threads log
+        with self._lock:  # seq order is log order, whichever threads log
             if self._closed:  # close() ran since the check above
                 raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
             seq = self._seq
@@ -300,7 +304,7 @@ class EventLogger:
                 self._refuse(problem)
                 return
             self._seq = seq + 1
-            self._send(self._topic, value, seq)
+            self._append(EVENT, seq, value)
         if kind == "metrics":
             self.last_step = step
             if self.local is not None:
@@ -346,17 +350,17 @@ class EventLogger:
                 raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
             encoder = self._log_encoder or self._new_log_encoder()
             seq = self._seq
-            value = encoder.encode(
+            value = encoder.entry(
                 step, stage, level, levelno, logger, message, timestamp_ns, seq,
                 exception=exception, trace_id=trace_id, fields=fields,
                 sample_rate=sample_rate, sampled_out=sampled_out,
             )  # fmt: skip
-            problem = size_problem(len(value), self._limits)
+            problem = size_problem(len(encoder.head) + len(value), self._limits)
             if problem is not None:
                 self._refuse(problem)
                 return
             self._seq = seq + 1
-            self._send(self._logs_topic, value, seq)
+            self._append(LOG, seq, value)
         if self.local is not None:
             line = encoder.record(
                 step, stage, level, levelno, logger, message, timestamp_ns, seq,
@@ -365,29 +369,44 @@ class EventLogger:
             )  # fmt: skip
             self.local.put({"kind": LOG_KIND, **line})
 
-    def _send(self, topic: str, value: bytes, seq: int) -> None:
-        """Hand an encoded record to librdkafka, or to the spool in spool mode (under the lock)."""
-        if self._producer is None or self._pump is None:
+    def _append(self, kind: int, seq: int, payload: bytes) -> None:
+        """Append an encoded record to the write-ahead log (under the lock); wake the sender.
+
+        A record the log cannot take (at ``producer.spool_max_bytes``, or the disk refuses)
+        is counted in :attr:`dropped`, with one warning; it keeps its ``seq``, so the audit
+        shows the loss as a gap.
+        """
+        if self._writer is None or self._sender is None:
             self._start()
-        pump = self._pump
-        assert self._producer is not None and pump is not None
-        if pump.spooling:  # keep the order: younger events wait behind spooled ones
-            pump.hold(self._spooled(topic, value, seq))
-            return
-        pump.sent += 1  # counted first: the pump's thread may serve its report at once
+        writer, sender = self._writer, self._sender
+        assert writer is not None and sender is not None
         try:
-            self._producer.produce(topic, value, self._key, on_delivery=partial(pump.report, seq))
+            written = writer.append(kind, seq, payload)
+        except OSError as exc:
+            self._not_written += 1
+            _warn_refused(
+                "wal-error", "run %s: cannot write the write-ahead log %s (%s); records are "
+                "dropped (counted in EventLogger.dropped)", self.run_id, self.wal_dir, exc,
+            )  # fmt: skip
             return
-        except BufferError:
-            why = "librdkafka's local queue is full"
-        except KafkaException as exc:
-            why = f"librdkafka refused it ({exc})"
-        pump.sent -= 1
-        pump.overflow(self._spooled(topic, value, seq), why)
+        if not written:
+            self._not_written += 1
+            _warn_refused(
+                "wal-full", "run %s: the write-ahead log %s holds producer.spool_max_bytes "
+                "(%d bytes) Kafka has not taken yet; the newest records are dropped (counted "
+                "in EventLogger.dropped)", self.run_id, self.wal_dir, writer.max_bytes,
+            )  # fmt: skip
+            return
+        if kind == EVENT or sender.sleeping:
+            sender.wake()
 
     def _new_log_encoder(self) -> LogEncoder:
-        """The log record encoder, made with the first record (it resolves the host's IP)."""
-        self._log_encoder = LogEncoder(
+        """The log record encoder, made with the first record (it resolves the host's IP).
+
+        Its batches' shared head goes to the write-ahead log first, so that whoever sends
+        the log (this process, or the next one after a kill) can build the batches.
+        """
+        encoder = LogEncoder(
             LogSource(
                 run_id=self.run_id,
                 attempt=self.attempt,
@@ -401,7 +420,15 @@ class EventLogger:
             default_codec(),
             max(256, (self._limits.max_event_bytes - _TEXT_HEADROOM) // 2),
         )
-        return self._log_encoder
+        if self._writer is None:
+            self._start()
+        assert self._writer is not None
+        try:
+            self._writer.write_source(encoder.head)
+        except OSError as exc:  # the records' appends will fail the same way, and say so
+            log.debug("run %s: cannot write %s: %s", self.run_id, self.wal_dir, exc)
+        self._log_encoder = encoder
+        return encoder
 
     def _write_metrics(self, step: int, stage: str, metrics: Mapping[str, float], seq: int) -> None:
         """Hand a metrics event to the local file (the layout of :mod:`rlpulse.producers.jsonl`)."""
@@ -471,50 +498,44 @@ class EventLogger:
         self.log({}, step, kind="run_end", message=reason)
 
     def flush(self, timeout_s: float = 10.0) -> int:
-        """Wait up to ``timeout_s`` for librdkafka's queue to be delivered.
+        """Wait up to ``timeout_s`` until Kafka acknowledged every record logged so far.
 
-        Returns how many events are still in memory (see :attr:`pending`); events
-        in the spool are not counted (see :attr:`spooled` and :attr:`replayed`).
+        Returns how many are still waiting (see :attr:`pending`); they are safe in the
+        write-ahead log either way.
         """
         if self.local is not None:
             self.local.flush(timeout_s)
-        with self._lock:
-            producer, pump = self._producer, self._pump
-        if producer is None or pump is None:
-            return 0
-        producer.flush(timeout_s)
-        return pump.in_memory
+        sender = self._sender
+        return 0 if sender is None else sender.wait_delivered(timeout_s)
 
     def close(self, timeout_s: float | None = None) -> int:
-        """Flush for up to ``timeout_s`` (default ``producer.close_timeout_s``), spool the rest.
+        """Send for up to ``timeout_s`` (default ``producer.close_timeout_s``), then stop.
 
-        Returns how many events had to be spooled (or, if the spool was full, dropped)
-        at close. Spooled events are sent by the next process of this run that logs
-        on this host, or by ``rlpulse replay``. Calling it again does nothing and returns 0.
+        Returns how many records Kafka had not acknowledged by then. They stay in the
+        write-ahead log, sent by the next process of this run on this host or by ``rlpulse
+        replay``; a log that was delivered whole is deleted. Calling it again does nothing and
+        returns 0.
         """
         with self._lock:
             if self._closed:
                 return 0
             self._closed = True
-            pump, self._pump, self._producer = self._pump, None, None
+            sender, self._sender, self._writer = self._sender, None, None
         if self.local is not None:
             self.local.close()
-        if pump is None:
+        if sender is None:
             return 0
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
         close_s = self.settings.producer.close_timeout_s if timeout_s is None else timeout_s
-        left = pump.close(close_s)
-        waiting = spool_files(self.spool_dir).get((self.spool_dir, self.producer_id), [])
-        if waiting:
+        left = sender.close(close_s)
+        if left:
             log.warning(
-                "run %s: %d event(s) were still undelivered at close() and were spooled; "
-                "%d spool file(s) in %s wait to be sent by the next process of this run on "
-                "this host, or by `rlpulse replay %s`",
+                "run %s: %d record(s) were still undelivered at close(); they wait in %s, sent "
+                "by the next process of this run on this host, or by `rlpulse replay %s`",
                 self.run_id,
                 left,
-                len(waiting),
-                self.spool_dir,
+                self.wal_dir,
                 self.spool_dir,
             )
         return left
@@ -531,24 +552,34 @@ class EventLogger:
         self.close()
 
     def _start(self) -> None:
-        """Create the producer, the spool and the delivery thread (first event; under the lock)."""
+        """Create the write-ahead log, the producer and the sender thread (under the lock)."""
         label = f"event logger of run {self.run_id}"
-        self._producer = trainer_producer(self.settings, label)
-        spool = Spool(
-            self.spool_dir,
-            self.producer_id,
-            file_bytes=self.settings.producer.spool_file_bytes,
-            max_bytes=self.settings.producer.spool_max_bytes,
+        producer_settings = self.settings.producer
+        meta = LogMeta(
+            self.wal_dir, self.run_id, self.producer_id, self._topic, self._logs_topic,
+            time.time_ns(),
+        )  # fmt: skip
+        self._writer = WalWriter(
+            meta,
+            segment_bytes=producer_settings.spool_file_bytes,
+            max_bytes=producer_settings.spool_max_bytes,
         )
-        self._pump = DeliveryPump(
-            self._producer, spool, self._topic, self.producer_id, label, self._lock
+        self._sender = WalSender(
+            trainer_producer(self.settings, label),
+            self._writer,
+            self._read_back_consumer,
+            linger_s=producer_settings.batch_linger_ms / 1000,
+            batch_max_bytes=self.settings.logging.batch_max_bytes,
+            label=label,
         )
-        self._counts = self._pump.counts
+        self._counts = self._sender.counts
         self._at_exit = partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
 
-    def _spooled(self, topic: str, value: bytes, seq: int) -> SpooledEvent:
-        return SpooledEvent(topic, self._key, value, self.producer_id, seq)
+    def _read_back_consumer(self) -> Consumer:
+        """A consumer for the sender's read-back (assigned partitions only, never commits)."""
+        group = f"{control_group_prefix(self.settings.prefix)}readback"
+        return new_consumer(self.settings, group, f"read-back of run {self.run_id}")
 
 
 def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:

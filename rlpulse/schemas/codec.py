@@ -27,6 +27,7 @@ from rlpulse.schemas.records import (
     AuditReport,
     CommandAck,
     ControlCommand,
+    LogBatch,
     LogRecord,
     StepSummary,
     TrainerEvent,
@@ -42,6 +43,7 @@ RECORD_NAMES = (
     "ControlCommand",
     "CommandAck",
     "LogRecord",
+    "LogBatch",
     "AuditReport",
 )
 
@@ -175,9 +177,35 @@ class Codec:
         """Decode a ``LogRecord``."""
         return cast(LogRecord, self.decode(data, "LogRecord"))
 
+    def decode_logs(self, data: bytes) -> list[LogRecord]:
+        """The log records of one ``<prefix>.logs`` message: a ``LogBatch`` or a ``LogRecord``.
+
+        Trainers send batches; a single ``LogRecord`` (what earlier releases sent) reads as a
+        list of one.
+        """
+        writer = self.registry.by_fingerprint(data[len(MAGIC) : HEADER_SIZE])
+        if writer is not None and writer.name == "LogRecord":
+            return [self.decode_log(data)]
+        return log_records(cast(LogBatch, self.decode(data, "LogBatch")))
+
     def decode_audit(self, data: bytes) -> AuditReport:
         """Decode an ``AuditReport``."""
         return cast(AuditReport, self.decode(data, "AuditReport"))
+
+
+def log_records(batch: LogBatch) -> list[LogRecord]:
+    """The :class:`LogRecord` of each entry of ``batch`` (its fields and the shared ones)."""
+    shared = {
+        "run_id": batch["run_id"],
+        "attempt": batch["attempt"],
+        "rank": batch["rank"],
+        "tags": batch["tags"],
+        "hostname": batch["hostname"],
+        "host_ip": batch["host_ip"],
+        "pid": batch["pid"],
+        "producer_id": batch["producer_id"],
+    }
+    return [cast(LogRecord, {**shared, **entry}) for entry in batch["entries"]]
 
 
 @cache

@@ -141,6 +141,38 @@ class LogRecord(TypedDict):
     seq: int
 
 
+class LogEntry(TypedDict):
+    """The fields of one log record that a :class:`LogBatch` does not share."""
+
+    seq: int
+    timestamp_ns: int
+    step: int
+    stage: str
+    level: str
+    levelno: int
+    logger: str
+    message: str
+    exception: str | None
+    trace_id: str | None
+    fields: dict[str, str]
+    sample_rate: float
+    sampled_out: dict[str, int]
+
+
+class LogBatch(TypedDict):
+    """Consecutive log records of one trainer process (``<prefix>.logs``), shared fields once."""
+
+    run_id: str
+    attempt: int
+    rank: int
+    tags: dict[str, str]
+    hostname: str
+    host_ip: str
+    pid: int
+    producer_id: str
+    entries: list[LogEntry]
+
+
 class SequenceGap(TypedDict):
     """Sequence numbers of one producer that the archive does not hold."""
 

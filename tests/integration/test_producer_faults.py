@@ -1,17 +1,16 @@
 """Trainer-side faults against a real broker this module starts, stops and restarts.
 
 (a) the broker is down when training starts and comes up 20 s later; (b) it is stopped
-for 30 s mid-run; (c) the producer process is killed with SIGKILL and its spool is
-replayed by ``rlpulse replay``. In (a) and (b) every event reaches the events topic, and
-nothing else does; an event may be there twice (a spool file whose replay did not fully
-succeed is replayed whole), and a real worker, started on the result, drops exactly those
-duplicates (its counters say so), summarises every step with every rank once and publishes
-each summary once. In (c) the topic holds, after the replay, exactly what it held before
-plus every spooled event once; how many events were only in memory (lost) is printed.
+for 30 s mid-run; (c) the producer process is killed with SIGKILL during an outage and what
+its write-ahead log holds is sent by ``rlpulse replay``. In (a) and (b) every event reaches
+the events topic exactly once, and nothing else does; a real worker, started on the result,
+summarises every step with every rank once and publishes each summary once. In (c) every
+event ``log()`` returned for is on the topic after the replay, exactly once.
 
 The broker keeps one fixed port so that clients reconnect to the same address after a
-restart. Events wait in memory for ``DELIVERY_TIMEOUT_S``, then go to the spool, so
-both the in-memory path and the spool replay run in (a) and (b).
+restart. Deliveries fail after ``DELIVERY_TIMEOUT_S``; the events wait in the write-ahead
+log, and when the broker answers again the topic is read back and the rest sent, so both
+librdkafka's own retries and the resend from the log run in (a) and (b).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from rlpulse.local.broker import LocalBroker
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger, Settings
-from rlpulse.producers.spool import read_spool_file, spool_files
+from rlpulse.producers.wal import logs_under
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
@@ -207,24 +206,19 @@ def _read_to_end(bootstrap: str, topic: str) -> list[TrainerEvent]:
 
 
 def assert_exactly_once(events: list[TrainerEvent], expected: set[EventId]) -> int:
-    """Every expected event is on the topic, nothing else; returns how many are there twice.
-
-    Duplicates on the wire are allowed here (a spool file whose replay did not fully succeed
-    is replayed whole); the worker must drop each of them (see assert_steps_summarised).
-    """
+    """Every expected event is on the topic once, nothing else; returns the duplicates (0)."""
     counts = Counter((e["producer_id"], e["seq"]) for e in events)
     missing = expected - set(counts)
     assert not missing, f"{len(missing)} of {len(expected)} events never arrived"
     assert set(counts) == expected, f"unexpected events: {sorted(set(counts) - expected)[:5]}"
-    duplicates = sum(counts.values()) - len(counts)
-    print(
-        f"{len(expected)} events arrived; {duplicates} duplicate(s) to drop by (producer_id, seq)"
-    )
-    return duplicates
+    twice = sorted(event for event, count in counts.items() if count > 1)
+    assert not twice, f"{len(twice)} event(s) on the topic more than once: {twice[:5]}"
+    print(f"{len(expected)} events arrived, each once")
+    return 0
 
 
-def assert_no_spool_left(spool_dir: Path) -> None:
-    assert spool_files(spool_dir) == {}, f"spool files left: {spool_files(spool_dir)}"
+def assert_no_log_left(spool_dir: Path) -> None:
+    assert logs_under(spool_dir) == [], f"write-ahead logs left: {logs_under(spool_dir)}"
 
 
 def assert_steps_summarised(
@@ -286,8 +280,8 @@ def test_a_broker_down_at_start_comes_up_20s_later(broker: LocalBroker, tmp_path
     ranks.run_while(coming_up.is_alive, min_s=20.0)
     ranks.run_while(lambda: False, min_s=3.0)  # a little more with the broker up
     ranks.close()
-    assert sum(lg.spooled for lg in ranks.loggers) > 0, "the outage should have spooled events"
-    assert_no_spool_left(tmp_path / "spool")
+    assert sum(lg.spooled for lg in ranks.loggers) > 0, "the outage should have failed sends"
+    assert_no_log_left(tmp_path / "spool")
     events = events_on_topic(bootstrap_of(broker), topics.events)
     on_wire = assert_exactly_once(events, ranks.expected_ids())
     assert_steps_summarised(broker, topics, ranks, tmp_path / "worker.log", on_wire)
@@ -304,8 +298,8 @@ def test_b_broker_stopped_30s_mid_run(broker: LocalBroker, tmp_path: Path) -> No
     coming_up = in_background(lambda: bring_up(broker, topics))
     ranks.run_while(coming_up.is_alive, min_s=3.0)
     ranks.close()
-    assert sum(lg.spooled for lg in ranks.loggers) > 0, "the outage should have spooled events"
-    assert_no_spool_left(tmp_path / "spool")
+    assert sum(lg.spooled for lg in ranks.loggers) > 0, "the outage should have failed sends"
+    assert_no_log_left(tmp_path / "spool")
     events = events_on_topic(bootstrap_of(broker), topics.events)
     on_wire = assert_exactly_once(events, ranks.expected_ids())
     assert_steps_summarised(broker, topics, ranks, tmp_path / "worker.log", on_wire)
@@ -332,7 +326,7 @@ while True:
 """
 
 
-def test_c_killed_producer_spool_is_replayed(broker: LocalBroker, tmp_path: Path) -> None:
+def test_c_killed_producer_log_is_sent_by_replay(broker: LocalBroker, tmp_path: Path) -> None:
     topics = Topics(prefix=f"fault-c-{uuid.uuid4().hex[:8]}")
     bring_up(broker, topics)
     bootstrap, spool_dir = bootstrap_of(broker), tmp_path / "spool"
@@ -348,19 +342,16 @@ def test_c_killed_producer_spool_is_replayed(broker: LocalBroker, tmp_path: Path
     try:
         wait_for(lambda: len(lines) > 300, "the child to log 300 events", 60.0)
         broker.down()
-        wait_for(lambda: spooled_ids(spool_dir), "the child to spool events", 60.0)
-        time.sleep(2.0)  # a few more timeouts spooled, more events in memory
+        time.sleep(4.0)  # deliveries fail (2 s timeout); more events wait in the log
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
     reader.join(5.0)
     producer_id, logged = lines[0].strip(), int(lines[-1])  # events log() returned for
-    spooled = spooled_ids(spool_dir)
     bring_up(broker, topics)
     before_replay = Counter(
         (e["producer_id"], e["seq"]) for e in events_on_topic(bootstrap, topics.events)
     )
-    delivered = set(before_replay)
     replay = subprocess.run(
         [sys.executable, "-m", "rlpulse", "replay", str(spool_dir), "--bootstrap", bootstrap],
         capture_output=True,
@@ -371,28 +362,17 @@ def test_c_killed_producer_spool_is_replayed(broker: LocalBroker, tmp_path: Path
     assert replay.returncode == 0, replay.stdout + replay.stderr
     print(replay.stdout.strip())
     after = events_on_topic(bootstrap, topics.events)
-    before_kill = delivered | spooled
-    in_memory = logged - len(before_kill)
-    print(
-        f"killed after {logged} log() calls: {len(delivered)} delivered, {len(spooled)} "
-        f"spooled ({len(delivered & spooled)} both), {in_memory} only in memory (lost)"
-    )
-    assert {pid for pid, _seq in before_kill} == {producer_id}
-    assert all(seq <= logged for _pid, seq in before_kill)
     arrived = Counter((e["producer_id"], e["seq"]) for e in after)
-    assert before_kill <= set(arrived)
-    assert set(arrived) == before_kill, "the replay sent something that was never spooled"
-    # On the wire: what was there before the replay, plus each spooled event exactly once.
-    assert arrived == before_replay + Counter(spooled), "the replay sent an event twice"
-    assert_no_spool_left(spool_dir)
-
-
-def spooled_ids(spool_dir: Path) -> set[EventId]:
-    ids: set[EventId] = set()
-    for paths in spool_files(spool_dir).values():
-        for path in paths:
-            ids |= {(e.producer_id, e.seq) for e in read_spool_file(path)[0]}
-    return ids
+    print(
+        f"killed after {logged} log() calls: {len(before_replay)} on the topic before the "
+        f"replay, {len(arrived)} after"
+    )
+    assert {pid for pid, _seq in arrived} == {producer_id}
+    accepted = {(producer_id, seq) for seq in range(logged)}
+    assert accepted <= set(arrived), f"lost: {sorted(accepted - set(arrived))[:5]}"
+    assert all(seq <= logged for _pid, seq in arrived)  # at most the call it was killed in
+    assert max(arrived.values()) == 1, "an event reached the topic twice"
+    assert_no_log_left(spool_dir)
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout_s: float) -> None:

@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from rlpulse.producers import ControlClient, EventHandler, EventLogger, RunLink, Settings
-from rlpulse.producers.replay import replay_spool
-from rlpulse.producers.spool import spool_files
+from rlpulse.producers.replay import replay_logs
+from rlpulse.producers.wal import logs_under
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand
 from rlpulse.schemas.topics import Topics
@@ -317,7 +317,8 @@ def test_logging_handler_publishes_stdlib_records(
         {"actor/loss": 0.5},
     )
     assert second["message"] == '{"note": "warmup done"}'
-    (text,) = [codec.decode_log(v) for _, v in read_topic(kafka_bootstrap, topics.logs, 1)]
+    (batch,) = read_topic(kafka_bootstrap, topics.logs, 1)
+    (text,) = codec.decode_logs(batch[1])
     assert (text["level"], text["message"], text["step"], text["logger"]) == (
         "WARNING",
         "grad norm 12.5 is high",
@@ -327,10 +328,8 @@ def test_logging_handler_publishes_stdlib_records(
     assert text["seq"] == 2  # one numbering for the producer's events and log records
 
 
-def spool_while_unreachable(
-    topics: Topics, spool_dir: Path, run_id: str, count: int
-) -> EventLogger:
-    """A logger that could not reach any broker: its ``count`` events end in the spool."""
+def left_unsent(topics: Topics, spool_dir: Path, run_id: str, count: int) -> EventLogger:
+    """A logger that could not reach any broker: its ``count`` events stay in its log."""
     settings = settings_at("127.0.0.1:1", topics, producer=ProducerSettings(spool_dir=spool_dir))
     logger = EventLogger(run_id, settings=settings)
     for step in range(count):
@@ -339,25 +338,25 @@ def spool_while_unreachable(
     return logger
 
 
-def test_replay_sends_a_spool_once_and_deletes_it(
+def test_replay_sends_a_log_once_and_deletes_it(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    dead = spool_while_unreachable(topics, tmp_path, "run-r", 30)
+    dead = left_unsent(topics, tmp_path, "run-r", 30)
     settings = settings_for(kafka_bootstrap, topics)
-    report = replay_spool(tmp_path, settings)
-    assert (report.delivered, report.undelivered, report.files) == (30, 0, 1)
-    assert spool_files(tmp_path) == {}
-    assert replay_spool(tmp_path, settings).delivered == 0  # nothing left to send twice
+    report = replay_logs(tmp_path, settings)
+    assert (report.delivered, report.undelivered, report.logs) == (30, 0, 1)
+    assert logs_under(tmp_path) == []
+    assert replay_logs(tmp_path, settings).delivered == 0  # nothing left to send twice
     codec = default_codec()
     events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 30)]
     assert sorted(e["seq"] for e in events) == list(range(30))
     assert {e["producer_id"] for e in events} == {dead.producer_id}
 
 
-def test_log_from_eight_threads_keeps_seq_in_queue_order(
+def test_log_from_eight_threads_keeps_seq_in_log_order(
     kafka_bootstrap: str, topics: Topics
 ) -> None:
-    """log() promises seq order = queue order whichever threads log: on the (one) partition
+    """log() promises seq order = log order whichever threads log: on the (one) partition
     of the run the seqs are 0, 1, 2, ... in offset order, and each thread's events keep the
     order that thread logged them in."""
     threads, per_thread = 8, 250
@@ -383,10 +382,10 @@ def test_log_from_eight_threads_keeps_seq_in_queue_order(
         assert mine == [float(i) for i in range(per_thread)], f"thread {thread} reordered"
 
 
-def test_replay_subcommand_sends_a_spool(
+def test_replay_subcommand_sends_a_log(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    spool_while_unreachable(topics, tmp_path, "run-cli", 5)
+    left_unsent(topics, tmp_path, "run-cli", 5)
     result = subprocess.run(
         [sys.executable, "-m", "rlpulse", "replay", str(tmp_path), "--bootstrap", kafka_bootstrap],
         capture_output=True,
@@ -395,16 +394,16 @@ def test_replay_subcommand_sends_a_spool(
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "replayed 5 event(s) from 1 spool file(s)" in result.stdout
+    assert "sent 5 record(s) from 1 write-ahead log(s)" in result.stdout
     read_topic(kafka_bootstrap, topics.events, 5)
-    assert spool_files(tmp_path) == {}
+    assert logs_under(tmp_path) == []
 
 
 def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable(
     topics: Topics, tmp_path: Path
 ) -> None:
-    spool_while_unreachable(topics, tmp_path, "run-cli", 5)
-    kept = spool_files(tmp_path)
+    left_unsent(topics, tmp_path, "run-cli", 5)
+    kept = logs_under(tmp_path)
     command = [sys.executable, "-m", "rlpulse", "replay", str(tmp_path)]
     result = subprocess.run(
         [*command, "--bootstrap", "127.0.0.1:1", "--timeout", "2"],
@@ -414,17 +413,17 @@ def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable
         check=False,
     )
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "5 event(s) in 1 spool file(s) not delivered; their files are kept" in result.stderr
+    assert "5 record(s) in 1 log(s) not sent; the logs are kept" in result.stderr
     assert (
-        "5 event(s) not delivered: Kafka at 127.0.0.1:1 did not answer within 2 s (Connect to "
+        "5 record(s) not sent: Kafka at 127.0.0.1:1 did not answer within 2 s (Connect to "
         "ipv4#127.0.0.1:1 failed: Connection refused)"
     ) in result.stderr
     assert "rdkafka" not in result.stderr and "_TRANSPORT" not in result.stderr
     assert "Traceback" not in result.stderr
-    assert spool_files(tmp_path) == kept
+    assert logs_under(tmp_path) == kept
 
 
-def test_spooling_for_a_missing_topic_says_the_topic_is_missing(
+def test_records_for_a_missing_topic_say_the_topic_is_missing(
     kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
@@ -439,21 +438,20 @@ def test_spooling_for_a_missing_topic_says_the_topic_is_missing(
     deadline = time.monotonic() + 60
     while not said() and time.monotonic() < deadline:
         time.sleep(0.1)
-    logger.close(timeout_s=0)
+    assert logger.close(timeout_s=0) == 1  # it waits in the write-ahead log
     (line,) = said()
     assert f"topic {missing.events} does not exist (Kafka does not create topics" in line
     assert "`rlpulse worker` creates its prefix's topics when it starts" in line
     assert line.endswith("until the topic exists")
     assert "Message timed out" not in line
-    assert logger.spooled == 1
 
 
-def test_replay_names_the_cause_per_file_and_carries_on(
+def test_replay_names_the_cause_per_log_and_carries_on(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     missing = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
-    spool_while_unreachable(missing, tmp_path / "a", "run-gone", 5)  # replayed first
-    spool_while_unreachable(topics, tmp_path / "b", "run-here", 3)
+    left_unsent(missing, tmp_path / "a", "run-gone", 5)  # replayed first
+    left_unsent(topics, tmp_path / "b", "run-here", 3)
     command = [sys.executable, "-m", "rlpulse", "replay", str(tmp_path)]
     result = subprocess.run(
         [*command, "--bootstrap", kafka_bootstrap, "--timeout", "10"],
@@ -463,23 +461,23 @@ def test_replay_names_the_cause_per_file_and_carries_on(
         check=False,
     )
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "replayed 3 event(s) from 1 spool file(s)" in result.stdout
-    (kept,) = [line for line in result.stderr.splitlines() if "not delivered:" in line]
+    assert "sent 3 record(s) from 1 write-ahead log(s)" in result.stdout
+    (kept,) = [line for line in result.stderr.splitlines() if "not sent:" in line]
     assert kept.startswith(str(tmp_path / "a"))
     assert kept.endswith(
-        f": 5 event(s) not delivered: topic {missing.events} does not exist (Kafka does not "
+        f": 5 record(s) not sent: topic {missing.events} does not exist (Kafka does not "
         "create topics on first use; `rlpulse worker` creates its prefix's topics when it starts)"
     )
-    assert "5 event(s) in 1 spool file(s) not delivered; their files are kept" in result.stderr
+    assert "5 record(s) in 1 log(s) not sent; the logs are kept" in result.stderr
     read_topic(kafka_bootstrap, topics.events, 3)
-    assert list(spool_files(tmp_path / "b")) == []
-    assert len(spool_files(tmp_path / "a")) == 1
+    assert logs_under(tmp_path / "b") == []
+    assert len(logs_under(tmp_path / "a")) == 1
 
 
-def test_a_new_process_of_the_run_replays_a_dead_producers_spool(
+def test_a_new_process_of_the_run_sends_what_a_dead_producer_left(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
-    dead = spool_while_unreachable(topics, tmp_path, "run-o", 20)
+    dead = left_unsent(topics, tmp_path, "run-o", 20)
     settings = settings_at(kafka_bootstrap, topics, producer=ProducerSettings(spool_dir=tmp_path))
     with EventLogger("run-o", settings=settings) as successor:
         successor.log({"loss": 0.0}, 100)
@@ -487,7 +485,7 @@ def test_a_new_process_of_the_run_replays_a_dead_producers_spool(
         while successor.replayed < 20:
             assert time.monotonic() < deadline, f"replayed {successor.replayed} of 20"
             time.sleep(0.1)
-    assert spool_files(tmp_path) == {}
+    assert logs_under(tmp_path) == []
     codec = default_codec()
     events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 21)]
     assert sorted(e["seq"] for e in events if e["producer_id"] == dead.producer_id) == list(

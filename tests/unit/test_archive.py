@@ -50,8 +50,8 @@ def buffered(
     buffer = PartitionBuffer(table, partition, 0.0)
     for offset, record, stamp in records:
         data = codec.encode(table.record or "", record)
-        row, run, stamp_ms = table.row(codec, b"k", data, partition, offset, (2, stamp))
-        buffer.add(row, run, offset, len(data), stamp_ms)
+        rows, run, stamp_ms = table.rows(codec, b"k", data, partition, offset, (2, stamp))
+        buffer.add(rows, run, offset, len(data), stamp_ms)
     return buffer
 
 
@@ -176,11 +176,11 @@ def test_undecodable_messages_are_kept_as_dead_letters(tmp_path: Path) -> None:
     codec = default_codec()
     for table in (tables()["logs"], tables()["dead_letters"]):
         buffer = PartitionBuffer(table, 0, 0.0)
-        row, run, stamp_ms = table.row(
+        got, run, stamp_ms = table.rows(
             codec, b"run-9", b"\x00garbage", 0, 5, (2, NOW_MS),
             [("rlpulse-reason", b"invalid: rank 9 outside [0, 8)"), ("rlpulse-source", "e/1/2")],
         )  # fmt: skip
-        buffer.add(row, run, 5, 8, stamp_ms)
+        buffer.add(got, run, 5, 8, stamp_ms)
         flush(store, buffer)
     _, rows = query_archive(
         str(tmp_path),
@@ -263,3 +263,45 @@ def test_an_error_line_keeps_brackets(tmp_path: Path) -> None:
     outcome = cli("audit", "--run", "[gpu-0]", "--archive", str(tmp_path))
     assert outcome.exit_code == 1
     assert "run [gpu-0]: no records in the archive" in outcome.stderr
+
+
+def test_a_log_batch_is_one_row_per_record_and_old_single_records_still_read(
+    tmp_path: Path,
+) -> None:
+    """A LogBatch message becomes a row per record, with the batch's shared fields and the
+    message's Kafka columns; a LogRecord message of an earlier release is still one row."""
+    store = ArchiveStore(str(tmp_path))
+    codec = default_codec()
+    table = tables()["logs"]
+    single = {**SAMPLES["LogRecord"], "producer_id": "p-old", "seq": 1, "message": "old"}
+    shared = {k: single[k] for k in ("run_id", "attempt", "rank", "tags", "hostname")}
+    shared |= {"host_ip": single["host_ip"], "pid": single["pid"], "producer_id": "p-new"}
+    entries = [
+        {k: single[k] for k in ("timestamp_ns", "step", "stage", "level", "levelno", "logger")}
+        | {"seq": seq, "message": f"m{seq}", "exception": None, "trace_id": f"t{seq}"}
+        | {"fields": {}, "sample_rate": 1.0, "sampled_out": {}}
+        for seq in (3, 4, 6)
+    ]
+    messages = [
+        (7, codec.encode("LogRecord", single)),
+        (8, codec.encode("LogBatch", {**shared, "entries": entries})),
+    ]
+    buffer = PartitionBuffer(table, 0, 0.0)
+    for offset, data in messages:
+        got, run, stamp_ms = table.rows(codec, b"k", data, 0, offset, (2, NOW_MS))
+        buffer.add(got, run, offset, len(data), stamp_ms)
+    assert buffer.records == 4 and (buffer.first, buffer.last) == (7, 8)
+    flush(store, buffer)
+    _, rows = query_archive(
+        str(tmp_path),
+        TOPICS,
+        "SELECT producer_id, seq, message, trace_id, hostname, kafka_offset FROM logs "
+        "ORDER BY kafka_offset, seq",
+    )
+    host = single["hostname"]
+    assert rows == [
+        ("p-old", 1, "old", single["trace_id"], host, 7),
+        ("p-new", 3, "m3", "t3", host, 8),
+        ("p-new", 4, "m4", "t4", host, 8),
+        ("p-new", 6, "m6", "t6", host, 8),
+    ]

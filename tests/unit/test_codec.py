@@ -128,6 +128,34 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "producer_id": "p-1",
         "seq": 100,
     },
+    "LogBatch": {
+        "run_id": "run-1",
+        "attempt": 0,
+        "rank": 3,
+        "tags": {"algo": "grpo"},
+        "hostname": "node-7",
+        "host_ip": "10.0.0.7",
+        "pid": 4242,
+        "producer_id": "p-1",
+        "entries": [
+            {
+                "seq": seq,
+                "timestamp_ns": 1_700_000_000_000_000_000 + seq,
+                "step": 12,
+                "stage": "rollout",
+                "level": "ERROR",
+                "levelno": 40,
+                "logger": "verl.workers.rollout",
+                "message": "CUDA out of memory",
+                "exception": None,
+                "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+                "fields": {"gpu": "3"},
+                "sample_rate": 1.0,
+                "sampled_out": {"INFO": 17},
+            }
+            for seq in (100, 101)
+        ],
+    },
     "AuditReport": {
         "run_id": "run-1",
         "audited_ns": 7,
@@ -281,3 +309,18 @@ def test_an_added_field_resolves_to_its_default(tmp_path: Path) -> None:
         ]
         == "a100"
     )
+
+
+def test_a_log_batch_reads_as_its_records_and_a_single_record_as_one() -> None:
+    codec = default_codec()
+    batch = SAMPLES["LogBatch"]
+    records = codec.decode_logs(codec.encode("LogBatch", batch))
+    assert [r["seq"] for r in records] == [100, 101]
+    for record, entry in zip(records, batch["entries"], strict=True):
+        assert record == {**{k: v for k, v in batch.items() if k != "entries"}, **entry}
+    assert codec.decode_logs(codec.encode("LogRecord", SAMPLES["LogRecord"])) == [
+        SAMPLES["LogRecord"]
+    ]
+    with pytest.raises(DecodeError) as info:
+        codec.decode_logs(encoded_event())
+    assert info.value.failure is DecodeFailure.WRONG_RECORD

@@ -1,4 +1,4 @@
-"""The fast LogRecord encoder writes exactly what the codec writes."""
+"""The fast LogEntry encoder, and the batches built from its entries, are what the codec writes."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from rlpulse.producers.log_wire import (
 from rlpulse.producers.wire import zigzag
 from rlpulse.schemas import default_codec
 
+SHARED = frozenset(
+    ("run_id", "attempt", "rank", "tags", "hostname", "host_ip", "pid", "producer_id")
+)
 texts = st.text(max_size=40)
 names = st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3)
 
@@ -44,13 +47,17 @@ def test_byte_identical_to_the_codec(
     arguments = (step, stage, level, levelno, "trainer.x", message, 1_700_000_000_000_000_000, 9)
     options = {"exception": exception, "trace_id": trace_id, "fields": fields,
                "sample_rate": rate, "sampled_out": sampled_out}  # fmt: skip
-    fast = encoder.encode(*arguments, **options)  # type: ignore[arg-type]
-    assert fast == codec.encode("LogRecord", encoder.record(*arguments, **options))  # type: ignore[arg-type]
-    assert codec.decode_log(fast)["message"] == message
+    entries = [encoder.entry(*arguments, **options), encoder.entry(*arguments, **options)]  # type: ignore[arg-type]
+    record = encoder.record(*arguments, **options)  # type: ignore[arg-type]
+    shared = {k: v for k, v in record.items() if k in SHARED}
+    entry = {k: v for k, v in record.items() if k not in SHARED}
+    batch = encoder.batch(entries)
+    assert batch == codec.encode("LogBatch", {**shared, "entries": [entry, entry]})
+    assert codec.decode_logs(batch) == [record, record]
 
 
 def test_the_fast_layout_is_the_newest_schema() -> None:
-    assert default_codec().registry.latest("LogRecord").fingerprint == FAST_FINGERPRINT
+    assert default_codec().registry.latest("LogBatch").fingerprint == FAST_FINGERPRINT
 
 
 def test_long_text_is_cut_with_a_note_not_refused() -> None:

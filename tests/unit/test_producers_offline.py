@@ -1,4 +1,5 @@
-"""The trainer side without a reachable broker: argument checks, spooling, no I/O up front."""
+"""The trainer side without a reachable broker: argument checks, the write-ahead log, no I/O up
+front."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from rlpulse.producers import (
     Settings,
 )
 from rlpulse.producers import logger as logger_module
+from rlpulse.producers.wal import LogMeta, unsent_frames
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.transport import clients as clients_module
 from rlpulse.transport.exceptions import ClientConfigError
@@ -81,30 +83,52 @@ def test_constructors_do_no_network_io(monkeypatch: pytest.MonkeyPatch) -> None:
     assert link.close() == 0
 
 
-def test_log_with_unreachable_broker_queues_in_memory_and_close_spools() -> None:
-    """log() hands each event to librdkafka's queue and returns: with no broker to wait for,
-    all 200 are still in memory afterwards, none delivered, none spooled yet (the delivery
-    timeout is a minute away). How long a call takes is measured in
-    benchmarks/producer_overhead.py (broker down: p50/p99 in microseconds)."""
+def test_log_with_unreachable_broker_keeps_every_event_in_the_write_ahead_log() -> None:
+    """log() appends each event to the write-ahead log and returns: with no broker, all 200
+    wait there, none delivered; close() leaves them in the log for the next process or
+    ``rlpulse replay``. How long a call takes is measured in benchmarks/producer_overhead.py
+    (broker down: p50/p99 in microseconds)."""
     logger = EventLogger("run-a", settings=unreachable())
     for step in range(200):
         logger.log({"loss": 1.0 / (step + 1), "tokens": step}, step=step)
-    assert (logger.logged, logger.delivered, logger.spooled, logger.pending) == (200, 0, 0, 200)
+    assert (logger.logged, logger.delivered, logger.pending) == (200, 0, 200)
     assert logger.close(timeout_s=0.1) == 200
-    assert (logger.spooled, logger.dropped, logger.pending) == (200, 0, 0)
-    assert len(list(logger.spool_dir.glob(f"{logger.producer_id}.*.jsonl"))) == 1
+    assert (logger.dropped, logger.pending) == (0, 0)
+    assert unsent_frames(logger.wal_dir) == 200
+    meta = LogMeta.read(logger.wal_dir)
+    assert meta is not None and (meta.run_id, meta.producer_id) == ("run-a", logger.producer_id)
 
 
-def test_full_local_queue_spools_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_full_local_queue_loses_nothing() -> None:
+    """librdkafka's queue holds 5 messages: the sender sends what fits and leaves the rest in
+    the write-ahead log, in order, without a drop."""
     settings = Settings(bootstrap="127.0.0.1:1", librdkafka={"queue.buffering.max.messages": 5})
-    caplog.set_level(logging.WARNING, logger="rlpulse.producers")
     with EventLogger("run-a", settings=settings) as logger:
         for step in range(20):
             logger.log({"loss": 1.0}, step=step)
         assert logger.logged == 20
-        logger.close(timeout_s=0.1)
-        assert (logger.spooled, logger.dropped) == (20, 0)
-    full = [r for r in caplog.records if "queue is full" in r.getMessage()]
+        assert logger.close(timeout_s=0.1) == 20
+        assert logger.dropped == 0
+    assert unsent_frames(logger.wal_dir) == 20
+
+
+def test_a_full_write_ahead_log_drops_the_newest_counts_and_warns_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At ``producer.spool_max_bytes`` nothing more is written: the newest records are dropped,
+    counted in ``dropped`` (their seqs are taken: the audit sees the loss), warned once."""
+    settings = unreachable().updated(
+        {"producer.spool_file_bytes": 4096, "producer.spool_max_bytes": 4096}
+    )
+    caplog.set_level(logging.WARNING, logger="rlpulse.producers")
+    logger = EventLogger("run-a", settings=settings)
+    for step in range(200):
+        logger.log({"loss": 1.0}, step=step)
+    kept = unsent_frames(logger.wal_dir)
+    assert 0 < kept < 200
+    assert (logger.logged, logger.dropped) == (200, 200 - kept)
+    logger.close(timeout_s=0.1)
+    full = [r for r in caplog.records if "producer.spool_max_bytes" in r.getMessage()]
     assert len(full) == 1
 
 

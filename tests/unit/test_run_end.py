@@ -1,7 +1,7 @@
 """One ``run_end`` per run attempt, from rank 0, with its reason, whichever paths end the run.
 
-Without a broker: the events a link could not deliver are spooled at close, and the spool is
-read back to see what the link sent.
+Without a broker: the events a link could not deliver stay in its write-ahead log at close,
+and the log is read back to see what the link sent.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import pytest
 
 from rlpulse.producers import RunLink, Settings, StopRequested
 from rlpulse.producers.ending import CLOSED, FINISHED, RunEnding, exited, stopped_by
-from rlpulse.producers.spool import read_spool_file, spool_files
+from rlpulse.producers.wal import EVENT, WalReader
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import ControlCommand, TrainerEvent
 from rlpulse.settings import ProducerSettings
 
 
 def unreachable() -> Settings:
-    """Settings for a broker that is not there: every event ends up in the spool at close."""
+    """Settings for a broker that is not there: every event stays in the log at close."""
     producer = ProducerSettings(close_timeout_s=0.1)
     return Settings(bootstrap="127.0.0.1:1", prefix="unit", producer=producer)
 
@@ -41,11 +41,13 @@ def a_stop(rule_id: str | None = "kl-guard") -> ControlCommand:
 
 
 def sent(link: RunLink) -> list[TrainerEvent]:
-    """The events ``link`` (closed) sent, read back from its spool, in order."""
+    """The events ``link`` (closed) sent, read back from its write-ahead log, in order."""
     codec = default_codec()
-    files = spool_files(link.events.spool_dir).get((link.events.spool_dir, link.events.producer_id))
-    events = [event for path in files or [] for event in read_spool_file(path)[0]]
-    return [codec.decode_event(event.value) for event in sorted(events, key=lambda e: e.seq)]
+    reader = WalReader(link.events.wal_dir)
+    try:
+        return [codec.decode_event(f.payload) for f in reader.frames(0) if f.kind == EVENT]
+    finally:
+        reader.close()
 
 
 def ends(link: RunLink) -> list[tuple[int, str | None]]:

@@ -85,7 +85,7 @@ class ArchiverCounts:
     """What one archiver process did."""
 
     records: int = 0
-    """Messages written to the archive."""
+    """Records (rows) written to the archive: a LogBatch message holds many."""
     flushes: int = 0
     files: int = 0
     undecodable: int = 0
@@ -260,7 +260,7 @@ class Archiver:
                 continue  # delivered again after a seek: already buffered
             table = buffer.table
             value = message.value()
-            row, run, stamp_ms = table.row(
+            rows, run, stamp_ms = table.rows(
                 codec,
                 message.key(),
                 value,
@@ -269,11 +269,11 @@ class Archiver:
                 message.timestamp(),
                 _headers(message) if table.record is None else None,
             )
-            buffer.add(row, run, offset, len(value) if value else 0, stamp_ms)
-            if "decode_error" in row:
+            buffer.add(rows, run, offset, len(value) if value else 0, stamp_ms)
+            if "decode_error" in rows[0]:
                 self.counts.undecodable += 1
             elif topic == events and run is not None and heard is not None:
-                if row.get("kind") == "run_end":
+                if rows[0].get("kind") == "run_end":
                     heard.pop(run, None)
                     self._schedule_audit(run)
                 else:

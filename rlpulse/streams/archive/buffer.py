@@ -57,24 +57,23 @@ class PartitionBuffer:
         """Rows by (UTC day number, run id)."""
 
     def add(
-        self, row: dict[str, Any], run: str | None, offset: int, size: int, stamp_ms: int
+        self, rows: list[dict[str, Any]], run: str | None, offset: int, size: int, stamp_ms: int
     ) -> None:
-        """Add the row of the message at ``offset`` (``size`` bytes, from ``stamp_ms``)."""
+        """Add the rows of the message at ``offset`` (``size`` bytes, from ``stamp_ms``)."""
         if self.first is None:
             self.first = offset
         self.last = offset
-        self.records += 1
+        self.records += len(rows)
         self.bytes += size
         key = (stamp_ms // MS_PER_DAY, run)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group()
-        rows = group.rows
-        rows.append(row)
+        group.rows += rows
         if stamp_ms > group.newest_ms:  # noqa: PLR1730 -- cheaper than max() per row
             group.newest_ms = stamp_ms
-        if len(rows) >= BATCH_ROWS:
-            group.batches.append(self._batch(rows))
+        if len(group.rows) >= BATCH_ROWS:
+            group.batches.append(self._batch(group.rows))
             group.rows = []
 
     def _batch(self, rows: list[dict[str, Any]]) -> pa.RecordBatch:

@@ -181,8 +181,10 @@ class Table:
     schema: pa.Schema
     """The columns of the files (the partition columns come from the directories)."""
     convert: Callable[[Any], Any] | None = None
+    batch_record: str | None = None
+    """The Avro record that carries many of ``record`` in one message (``LogBatch``), if any."""
 
-    def row(
+    def rows(
         self,
         codec: Codec,
         key: bytes | None,
@@ -191,55 +193,71 @@ class Table:
         offset: int,
         timestamp: tuple[int, int],
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
-    ) -> tuple[dict[str, Any], str | None, int]:
-        """The row of one message, its run id (None when it has none) and when it happened.
+    ) -> tuple[list[dict[str, Any]], str | None, int]:
+        """The rows of one message, its run id (None when it has none) and when it happened.
 
-        ``timestamp`` is confluent-kafka's ``message.timestamp()`` pair (type, ms). The time
-        (ms) is Kafka's timestamp, else the record's own time, else 0: its UTC date is the
-        row's ``date`` partition, and retention goes by it. Never raises: a message that
-        does not decode becomes a ``decode_error`` row.
+        A message is one row, except a batch (a LogBatch: one row per record, each with the
+        batch's shared fields). ``timestamp`` is confluent-kafka's ``message.timestamp()`` pair
+        (type, ms). The time (ms) is Kafka's timestamp, else the record's own time, else 0: its
+        UTC date is the rows' ``date`` partition, and retention goes by it. Never raises: a
+        message that does not decode becomes a ``decode_error`` row.
         """
         kind, stamp = timestamp
         stamp_type = _TIMESTAMP_TYPES.get(kind)
         stamp_ms: int | None = stamp if stamp_type is not None else None
         if self.record is None:
-            return self._dead_letter(key, value, partition, offset, stamp_ms, stamp_type, headers)
+            row, run, when = self._dead_letter(
+                key, value, partition, offset, stamp_ms, stamp_type, headers
+            )
+            return [row], run, when
+        kafka = _kafka(partition, offset, stamp_ms, stamp_type)
         try:
-            record = self.decode(codec, value or b"")
+            records = self.decode(codec, value or b"")
         except DecodeError as exc:
-            row = _kafka(partition, offset, stamp_ms, stamp_type)
-            row["decode_error"] = str(exc)
-            row["raw_value"] = value or b""
-            return row, _text(key), stamp_ms if stamp_ms is not None and stamp_ms >= 0 else 0
-        if self.convert is not None:
-            record = self.convert(record)
-        record["kafka_partition"] = partition
-        record["kafka_offset"] = offset
-        record["kafka_timestamp_ms"] = stamp_ms
-        record["kafka_timestamp_type"] = stamp_type
+            kafka["decode_error"] = str(exc)
+            kafka["raw_value"] = value or b""
+            return [kafka], _text(key), stamp_ms if stamp_ms is not None and stamp_ms >= 0 else 0
+        convert = self.convert
+        for record in records:
+            if convert is not None:
+                record.update(convert(record))
+            record.update(kafka)
+        first = records[0] if records else {}
         if stamp_ms is None or stamp_ms < 0:
-            own = record.get(self.time_field) if self.time_field else None
+            own = first.get(self.time_field) if self.time_field else None
             stamp_ms = own // _NS_PER_MS if isinstance(own, int) and own >= 0 else 0
-        return record, record.get("run_id"), stamp_ms
+        return records, first.get("run_id", _text(key)), stamp_ms
 
-    def decode(self, codec: Codec, data: bytes) -> dict[str, Any]:
-        """Decode one message of this table's record; :class:`DecodeError` if it is not one.
+    def decode(self, codec: Codec, data: bytes) -> list[dict[str, Any]]:
+        """The records of one message of this table; :class:`DecodeError` if it holds none.
 
         Messages written with the newest schema (nearly all) are read straight with fastavro;
-        others (older versions, garbage) go through :meth:`Codec.decode`.
+        others (older versions, garbage) go through :meth:`Codec.decode`. A batch's records
+        each get the batch's shared fields.
         """
-        header, parsed = _newest(codec, self.record or "")
+        if self.batch_record is not None:
+            writer = codec.registry.by_fingerprint(data[len(MAGIC) : HEADER_SIZE])
+            if writer is not None and writer.name == self.batch_record:
+                batch = self._read(codec, data, self.batch_record)
+                entries: list[dict[str, Any]] = batch.pop("entries")
+                for entry in entries:
+                    entry.update(batch)
+                return entries
+        return [self._read(codec, data, self.record or "")]
+
+    def _read(self, codec: Codec, data: bytes, record: str) -> dict[str, Any]:
+        header, parsed = _newest(codec, record)
         if data[:HEADER_SIZE] != header:
-            return codec.decode(data, self.record)
+            return codec.decode(data, record)
         body = io.BytesIO(data)
         body.seek(HEADER_SIZE)
         try:
-            record = cast(dict[str, Any], schemaless_reader(body, parsed, None))
+            decoded = cast(dict[str, Any], schemaless_reader(body, parsed, None))
         except Exception:  # fastavro's assorted errors: let the codec name the failure
-            return codec.decode(data, self.record)
+            return codec.decode(data, record)
         if body.tell() != len(data):
-            return codec.decode(data, self.record)
-        return record
+            return codec.decode(data, record)
+        return decoded
 
     def _dead_letter(
         self,
@@ -281,12 +299,14 @@ def _text(raw: bytes | None) -> str | None:
 
 _RECORD_TABLES: Final = (
     ("events", "events", "TrainerEvent", "timestamp_ns"),
-    ("logs", "logs", "LogRecord", "timestamp_ns"),
+    ("logs", "logs", "LogRecord", "timestamp_ns"),  # sent in LogBatch messages
     ("steps", "steps", "StepSummary", "emitted_ns"),
     ("commands", "control", "ControlCommand", "issued_ns"),
     ("acks", "acks", "CommandAck", "acked_ns"),
     ("audits", "audits", "AuditReport", "audited_ns"),
 )
+_BATCHES: Final = {"LogRecord": "LogBatch"}
+"""The record that carries many of a table's records in one message."""
 _DEAD_LETTER_SCHEMA: Final = pa.schema(
     [
         pa.field("run_id", pa.string()),
@@ -312,6 +332,7 @@ def tables_of(topics: Topics, codec: Codec) -> dict[str, Table]:
             time_field=time_field,
             schema=pa.schema([*fields, *KAFKA_COLUMNS, *_UNDECODABLE]),
             convert=_text_unions(avro),
+            batch_record=_BATCHES.get(record),
         )
     tables["dead_letters"] = Table(
         name="dead_letters",

@@ -1,0 +1,231 @@
+"""rlpulse's sender thread: one logger's write-ahead log to Kafka, and what dead ones left.
+
+``log()`` and the logging handler only append to the write-ahead log
+(:mod:`rlpulse.producers.wal`); this thread does the rest, off the training thread. It wakes
+for an event at once (the control loop waits for those), every ``producer.batch_linger_ms``
+while records come, and at once for the first record after a quiet spell; each time it serves
+the producer's delivery reports and lets each log's :class:`~rlpulse.producers.shipper.
+LogShipper` send what is new.
+
+It also adopts the logs that dead producers of the same run left on this host — a process
+SIGKILLed, OOM-killed, or closed before the broker took everything — at start and every
+``ORPHAN_SCAN_S``: it takes the log's claim (``flock``, which the kernel drops when the
+process that held it dies), sends the rest with that producer's own ids after reading back
+what already arrived, and deletes the log.
+
+The Kafka producer is used by this thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from confluent_kafka import Consumer, KafkaError, Producer
+
+from rlpulse.oncelog import WarnOnce
+from rlpulse.producers.shipper import LogShipper, ShipperCounts
+from rlpulse.producers.wal import LogMeta, WalClaim, WalWriter, logs_under
+from rlpulse.transport.topics import missing_topic, topic_exists
+
+__all__ = ["WalSender"]
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S: Final = 1.0
+"""Longest sleep while nothing is appended or in flight (an append wakes the thread)."""
+ORPHAN_SCAN_S: Final = 30.0
+"""How often the thread looks for logs that dead producers of the run left."""
+_JOIN_MARGIN_S: Final = 3.0
+
+
+class WalSender:
+    """Sends one logger's write-ahead log (and dead producers' of its run) from its thread.
+
+    ``new_consumer`` makes the consumer a read-back uses. Counts of the logger's own records
+    are in :attr:`counts`; ``counts.replayed``-like figures of adopted logs in :attr:`replayed`.
+    """
+
+    def __init__(
+        self,
+        producer: Producer,
+        writer: WalWriter,
+        new_consumer: Callable[[], Consumer],
+        *,
+        linger_s: float,
+        batch_max_bytes: int,
+        label: str,
+    ) -> None:
+        self.producer = producer
+        self.writer = writer
+        self.sleeping = False
+        """Whether the thread sleeps for long: the next append should :meth:`wake` it."""
+        self.replayed = 0
+        """Records of dead producers' logs this thread sent (or found already sent)."""
+        self._new_consumer = new_consumer
+        self._linger_s = linger_s
+        self._batch_max_bytes = batch_max_bytes
+        self._label = label
+        self._own = LogShipper(
+            writer.meta, new_consumer, batch_max_bytes=batch_max_bytes, writer=writer
+        )
+        self._adopted: dict[Path, LogShipper] = {}
+        self._wake = threading.Event()
+        self._progress = threading.Condition()
+        self._stopping = threading.Event()
+        self._deadline: float | None = None
+        self._next_scan = 0.0
+        self._warn = WarnOnce(log)
+        self._thread = threading.Thread(target=self._run, name=f"rlpulse-{label}", daemon=True)
+        self._thread.start()
+
+    @property
+    def counts(self) -> ShipperCounts:
+        """What happened to the logger's own records."""
+        return self._own.counts
+
+    # -- called by the logger -----------------------------------------------------------
+
+    def wake(self) -> None:
+        """Look for new frames now (an event was appended, or a record after a quiet spell)."""
+        self.sleeping = False
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        """The logger's frames Kafka has not acknowledged yet."""
+        return self.writer.frames - self._own.acked_frames
+
+    def wait_delivered(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` until every frame appended so far arrived; the rest."""
+        target = self.writer.frames
+        deadline = time.monotonic() + timeout_s
+        self.wake()
+        with self._progress:
+            while self._own.acked_frames < target and self._thread.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._progress.wait(min(left, 0.05))
+        return self.pending
+
+    def close(self, timeout_s: float) -> int:
+        """Send for up to ``timeout_s`` more, stop the thread; return the frames left unsent.
+
+        They stay in the write-ahead log for the next process of the run on this host or
+        ``rlpulse replay``; a log delivered whole is deleted.
+        """
+        self._deadline = time.monotonic() + timeout_s
+        self.wake()
+        self._thread.join(timeout_s + _JOIN_MARGIN_S)
+        self._stopping.set()
+        self.wake()
+        self._thread.join(_JOIN_MARGIN_S)
+        return self.pending
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                if self._tick():
+                    break
+            except Exception:  # keep sending whatever one step did
+                log.exception("%s: sender thread error; continuing", self._label)
+                self._stopping.wait(self._linger_s)
+        self._finish()
+
+    def _tick(self) -> bool:
+        """One look: serve reports, let every log send; True when closing is done."""
+        if self._own.idle and not self._adopted and self._deadline is None:
+            self.sleeping = True
+            self._wake.wait(IDLE_WAIT_S)
+        else:
+            self._wake.wait(self._linger_s)
+        self._wake.clear()
+        self.sleeping = False
+        self.producer.poll(0)
+        now = time.monotonic()
+        if now >= self._next_scan and self._deadline is None:
+            self._next_scan = now + ORPHAN_SCAN_S
+            self._adopt()
+        was_failing = self._own.failing
+        if self._own.step(self.producer):
+            with self._progress:
+                self._progress.notify_all()
+        self._say_how_it_goes(was_failing)
+        for directory, shipper in list(self._adopted.items()):
+            before = shipper.acked_frames
+            shipper.step(self.producer)
+            self.replayed += shipper.acked_frames - before
+            if shipper.delivered_all:
+                shipper.close(delete=True)
+                del self._adopted[directory]
+                log.info(
+                    "%s: sent what dead producer %s left (%d record(s); %d were there already)",
+                    self._label,
+                    shipper.meta.producer_id,
+                    shipper.counts.resent,
+                    shipper.counts.found,
+                )
+        if self._deadline is None:
+            return False
+        return self._own.delivered_all or time.monotonic() >= self._deadline
+
+    def _say_how_it_goes(self, was_failing: bool) -> None:
+        """One warning when the own log's delivery fails, one line when it goes again."""
+        own = self._own
+        if own.failing and not was_failing:
+            why = own.last_error or "delivery failed"
+            wait = "are sent when Kafka takes them"
+            topic = own.meta.events_topic
+            timed_out = own.last_code == KafkaError._MSG_TIMED_OUT
+            if timed_out and topic_exists(self.producer, topic, 0.5) is False:
+                why, wait = missing_topic(topic), "until the topic exists"
+            self._warn(
+                "undeliverable",
+                "%s: records cannot be delivered: %s; they wait in the write-ahead log %s %s",
+                self._label,
+                why,
+                own.directory,
+                wait,
+            )
+        elif was_failing and not own.failing:
+            log.info("%s: Kafka takes records again; sending what waited", self._label)
+
+    def _adopt(self) -> None:
+        """Claim the logs of this run's dead producers on this host; they are sent from now."""
+        for directory in logs_under(self.writer.directory.parent):
+            if directory == self.writer.directory or directory in self._adopted:
+                continue
+            meta = LogMeta.read(directory)
+            if meta is None:
+                continue
+            claim = WalClaim.take(directory)
+            if claim is None:
+                continue
+            log.info("%s: sending what dead producer %s left", self._label, meta.producer_id)
+            self._adopted[directory] = LogShipper(
+                meta, self._new_consumer, batch_max_bytes=self._batch_max_bytes, claim=claim
+            )
+
+    def _finish(self) -> None:
+        """Leave: purge what is queued, keep what was not delivered, delete what was."""
+        self.producer.purge()
+        self.producer.poll(0)
+        own = self._own
+        own.settle()
+        delivered = own.delivered_all
+        self.writer.close()
+        own.close(delete=False)
+        if self.writer.claim is not None:
+            self.writer.claim.release(delete=delivered)
+        for shipper in self._adopted.values():
+            shipper.close(delete=False)
+        self._adopted.clear()
+        with self._progress:
+            self._progress.notify_all()
