@@ -58,7 +58,7 @@ from rlpulse.schemas.validation import (
     stage_problem,
 )
 from rlpulse.settings import Settings
-from rlpulse.transport.clients import new_consumer, trainer_producer
+from rlpulse.transport.clients import ClientDiagnostics, new_consumer, trainer_producer
 from rlpulse.transport.roles import control_group_prefix
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,7 @@ class EventLogger:
         self._at_exit: Callable[[], None] | None = None
         self._counts = ShipperCounts()
         self._not_written = 0
+        self._read_back_diagnostics: ClientDiagnostics | None = None
         self._closed = False
         self._seq = 0
 
@@ -577,9 +578,16 @@ class EventLogger:
         atexit.register(self._at_exit)
 
     def _read_back_consumer(self) -> Consumer:
-        """A consumer for the sender's read-back (assigned partitions only, never commits)."""
+        """A consumer for the sender's read-back (assigned partitions only, never commits).
+
+        Its errors go through one :class:`ClientDiagnostics` per logger: each kind is said
+        once however many read-backs a long outage takes.
+        """
         group = f"{control_group_prefix(self.settings.prefix)}readback"
-        return new_consumer(self.settings, group, f"read-back of run {self.run_id}")
+        client = f"read-back of run {self.run_id}"
+        if self._read_back_diagnostics is None:
+            self._read_back_diagnostics = ClientDiagnostics(client, self.settings)
+        return new_consumer(self.settings, group, client, diagnostics=self._read_back_diagnostics)
 
 
 def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:

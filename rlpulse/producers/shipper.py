@@ -150,6 +150,7 @@ class LogShipper:
         self._in_flight_bytes = 0
         self._check: dict[int, Found] | None = None
         self._check_last = -1
+        self._resend_end = -1 if writer is not None else 1 << 62  # a dead producer's: all
         self._head: bytes | None = None
         self._next_probe = 0.0
         self._probe_pause = FIRST_PROBE_PAUSE_S
@@ -315,7 +316,7 @@ class LogShipper:
                     state.events = (sent.partition, sent.offset)
                 else:
                     state.logs = (sent.partition, sent.offset)
-                if self._check is not None or self.writer is None:
+                if sent.end <= self._resend_end:
                     self.counts.resent += sent.frames
                 else:
                     self.counts.delivered += sent.frames
@@ -360,6 +361,8 @@ class LogShipper:
         self._probe_pause = FIRST_PROBE_PAUSE_S
         self._in_flight.clear()
         self._in_flight_bytes = 0
+        if self.writer is not None:
+            self._resend_end = max(self._resend_end, self._read_at)
         self._read_at = self._state.position
         self.failing = False
         self.last_error = self.last_code = None
@@ -369,6 +372,7 @@ class LogShipper:
         """Per frame kind, what its topic holds of this producer after its last acknowledgement."""
         state = self._state
         created_ms = state.created_ns // 1_000_000
+        producer.list_topics(self._topics[EVENT], timeout=PROBE_TIMEOUT_S)  # Kafka answers?
         consumer = self._new_consumer()
         try:
             check = {}

@@ -8,7 +8,9 @@ anything not granted is denied.
 
 - ``trainer``: writes events, its text log records and acks; reads the control topic, and
   the acks topic at start (to rebuild which commands it applied, so it never applies one
-  twice); its control client's consumer groups.
+  twice); reads its run's partition of events and logs back before it sends records again
+  after a failed delivery or a kill (so that none arrives twice); its control client's
+  consumer groups.
 - ``worker``: reads events, rules and its grace-timer ticks; writes summaries, commands,
   dead letters and ticks; owns faust's internal topics (changelogs, the assignor's leader
   topic, all named ``<group>-...``) and its consumer group; creates rlpulse's topics at
@@ -98,8 +100,8 @@ def role_grants(
     grants: list[Grant]
     if role == "trainer":
         grants = [
-            _topic(topics.events, "WRITE"),
-            _topic(topics.logs, "WRITE"),
+            _topic(topics.events, "READ", "WRITE"),
+            _topic(topics.logs, "READ", "WRITE"),
             _topic(topics.acks, "READ", "WRITE"),
             _topic(topics.control, "READ"),
             _group(control_group_prefix(prefix), "READ", prefixed=True),

@@ -23,9 +23,9 @@ def allowed(role: str, operation: str) -> set[str]:
     }
 
 
-def test_trainer_writes_events_logs_acks_and_reads_control_and_acks() -> None:
+def test_trainer_writes_events_logs_acks_and_reads_control_acks_and_its_own_back() -> None:
     assert allowed("trainer", "WRITE") == {TOPICS.events, "p.logs", TOPICS.acks}
-    assert allowed("trainer", "READ") == {TOPICS.control, TOPICS.acks}
+    assert allowed("trainer", "READ") == {TOPICS.control, TOPICS.acks, TOPICS.events, "p.logs"}
     assert allowed("trainer", "CREATE") == set()
 
 
