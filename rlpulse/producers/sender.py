@@ -141,8 +141,8 @@ class WalSender:
 
     def _tick(self) -> bool:
         """One look: serve reports, let every log send; True when closing is done."""
+        self.sleeping = True  # before the look: an append after it wakes the thread
         if self._own.idle and not self._adopted and self._deadline is None:
-            self.sleeping = True
             self._wake.wait(IDLE_WAIT_S)
         else:
             self._wake.wait(self._linger_s)

@@ -37,6 +37,7 @@ deletes a segment once every frame in it was delivered.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
@@ -338,7 +339,7 @@ class WalWriter:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             length = max(self.segment_bytes, size)
-            os.posix_fallocate(descriptor, 0, length)  # the blocks exist: writes cannot fail
+            _reserve(descriptor, length)
             mapped = mmap.mmap(descriptor, length)
         except OSError:
             os.close(descriptor)
@@ -351,6 +352,20 @@ class WalWriter:
         self._offset = 0
         self.live.add(segment)
         return True
+
+
+def _reserve(descriptor: int, length: int) -> None:
+    """Make the file ``length`` bytes long with its blocks reserved.
+
+    Writes into its mapping then cannot fail for want of space (which would be a SIGBUS).
+    Where the filesystem cannot reserve blocks, the file is made sparse instead.
+    """
+    try:
+        os.posix_fallocate(descriptor, 0, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+            raise
+        os.ftruncate(descriptor, length)
 
 
 class WalReader:

@@ -25,18 +25,21 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import LocalBroker
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger, Settings
 from rlpulse.producers.wal import logs_under
 from rlpulse.schemas.codec import default_codec
-from rlpulse.schemas.records import StepSummary, TrainerEvent
+from rlpulse.schemas.records import LogRecord, StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ProducerSettings
+from rlpulse.streams.archive.catalog import query_archive
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.topics import ensure_topics
 from tests.integration.scrape import scrape
@@ -174,6 +177,11 @@ def events_on_topic(bootstrap: str, topic: str) -> list[TrainerEvent]:
 
 
 def _read_to_end(bootstrap: str, topic: str) -> list[TrainerEvent]:
+    codec = default_codec()
+    return [codec.decode_event(value) for value in _values_to_end(bootstrap, topic)]
+
+
+def _values_to_end(bootstrap: str, topic: str) -> list[bytes]:
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -181,7 +189,6 @@ def _read_to_end(bootstrap: str, topic: str) -> list[TrainerEvent]:
             "enable.auto.commit": False,
         }
     )
-    codec = default_codec()
     try:
         partitions = consumer.list_topics(topic=topic, timeout=30).topics[topic].partitions
         ends = {
@@ -190,17 +197,17 @@ def _read_to_end(bootstrap: str, topic: str) -> list[TrainerEvent]:
         }
         todo = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in todo])
-        events: list[TrainerEvent] = []
+        values: list[bytes] = []
         deadline = time.monotonic() + 60
         while todo and time.monotonic() < deadline:
             for msg in consumer.consume(500, timeout=0.5):
                 assert msg.error() is None, msg.error()
-                events.append(codec.decode_event(msg.value() or b""))
+                values.append(msg.value() or b"")
                 partition, offset = msg.partition(), msg.offset()
                 if partition is not None and offset is not None and offset + 1 >= ends[partition]:
                     todo.discard(partition)
         assert not todo, f"partitions {todo} of {topic} not read to their end"
-        return events
+        return values
     finally:
         consumer.close()
 
@@ -380,3 +387,183 @@ def wait_for(condition: Callable[[], object], what: str, timeout_s: float) -> No
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+# -- (d) issue 22: SIGKILL at controlled points; the next process of the run sends the rest --
+
+TWO_THREADS = """
+import sys, threading, time
+from pathlib import Path
+from rlpulse.producers import EventLogger, Settings
+
+bootstrap, prefix, spool, run_id, linger_ms = sys.argv[1:6]
+settings = Settings(
+    bootstrap=bootstrap, prefix=prefix,
+    producer={"spool_dir": Path(spool), "delivery_timeout_s": 2.0},
+    librdkafka={"linger.ms": int(linger_ms)},
+)
+logger = EventLogger(run_id, settings=settings)
+print("producer", logger.producer_id, flush=True)
+said = threading.Lock()
+
+def events():
+    for index in range(10**9):
+        logger.log({"index": float(index)}, index, "rollout")
+        with said:
+            print("E", index, flush=True)
+        time.sleep(0.002)
+
+def records():
+    for index in range(10**9):
+        logger.log_record("INFO", 20, "trainer", f"record {index}", step=index)
+        if index % 10 == 0:  # a record on every tenth line: the pipe keeps up
+            with said:
+                print("R", index, flush=True)
+
+threading.Thread(target=events, daemon=True).start()
+records()
+"""
+
+SUCCESSOR = """
+import sys, time
+from pathlib import Path
+from rlpulse.producers import EventLogger, Settings
+from rlpulse.producers.wal import logs_under
+
+bootstrap, prefix, spool, run_id = sys.argv[1:5]
+settings = Settings(bootstrap=bootstrap, prefix=prefix, producer={"spool_dir": Path(spool)})
+logger = EventLogger(run_id, settings=settings)
+logger.log({"restarted": 1.0}, 0, "rollout")
+deadline = time.monotonic() + 120
+while [d for d in logs_under(logger.spool_dir) if d != logger.wal_dir]:
+    assert time.monotonic() < deadline, "the dead producer's log was not sent"
+    time.sleep(0.2)
+assert logger.flush(60) == 0
+print("replayed", logger.replayed, flush=True)
+logger.close()
+"""
+
+
+class Accepted:
+    """What a two-threaded child said ``log()`` returned for: its producer id, the highest
+    event index, the highest record index (a record on every tenth line)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.producer_id = lines[0].split()[1]
+        self.events = max(
+            (int(n) for kind, n in map(str.split, lines[1:]) if kind == "E"), default=-1
+        )
+        self.records = max(
+            (int(n) for kind, n in map(str.split, lines[1:]) if kind == "R"), default=-1
+        )
+
+
+def log_records_on_topic(bootstrap: str, topic: str) -> list[LogRecord]:
+    """Every log record on ``topic`` (read to the end each partition has now)."""
+    codec = default_codec()
+    return [
+        record for value in _values_to_end(bootstrap, topic) for record in codec.decode_logs(value)
+    ]
+
+
+@pytest.mark.parametrize("fault", ["unsent", "mid-batch", "broker-outage"])
+def test_d_a_killed_trainer_s_every_accepted_record_arrives_once(
+    broker: LocalBroker, tmp_path: Path, fault: str
+) -> None:
+    """A trainer logging events and records from two threads is SIGKILLed (1) while what it
+    logged sits in librdkafka's queue unsent (linger 60 s), (2) mid-batch, with deliveries in
+    flight, or (3) during a broker outage. The next process of the run on the host sends what
+    the write-ahead log holds: every event and record ``log()`` accepted is on its topic
+    exactly once (count and identity), and in the archive exactly once (the audit finds no
+    gap and no duplicate)."""
+    topics = Topics(prefix=f"fault-d-{uuid.uuid4().hex[:8]}")
+    bring_up(broker, topics)
+    bootstrap, spool_dir, run_id = bootstrap_of(broker), tmp_path / "spool", f"run-{fault}"
+    linger_ms = 60_000 if fault == "unsent" else 5
+    child = subprocess.Popen(
+        [sys.executable, "-c", TWO_THREADS, bootstrap, topics.prefix, str(spool_dir), run_id,
+         str(linger_ms)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(child.stdout or []), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: len(lines) > 2000, "the child to log", 60.0)
+        if fault == "broker-outage":
+            broker.down()
+            time.sleep(4.0)  # deliveries fail (2 s timeout); more waits in the log
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    reader.join(5.0)
+    accepted = Accepted([line for line in lines if line.endswith("\n")])
+    if fault == "broker-outage":
+        bring_up(broker, topics)
+    successor = subprocess.run(
+        [sys.executable, "-c", SUCCESSOR, bootstrap, topics.prefix, str(spool_dir), run_id],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert successor.returncode == 0, successor.stdout + successor.stderr
+    events = [
+        e
+        for e in events_on_topic(bootstrap, topics.events)
+        if e["producer_id"] == accepted.producer_id
+    ]
+    records = [
+        r
+        for r in log_records_on_topic(bootstrap, topics.logs)
+        if r["producer_id"] == accepted.producer_id
+    ]
+    print(
+        f"{fault}: killed after {accepted.events + 1} events and {accepted.records + 1}+ records "
+        f"accepted; on the topics {len(events)} events, {len(records)} records; "
+        f"{successor.stdout.strip()}"
+    )
+    seqs = Counter([e["seq"] for e in events] + [r["seq"] for r in records])
+    assert max(seqs.values()) == 1, "a record reached its topic twice"
+    assert sorted(seqs) == list(range(len(seqs))), "a seq is missing between the first and last"
+    indexes = sorted(int(e["metrics"]["index"]) for e in events)
+    assert indexes == list(range(len(indexes))) and len(indexes) >= accepted.events + 1
+    texts = sorted(int(r["message"].split()[1]) for r in records)
+    assert texts == list(range(len(texts))) and len(texts) >= accepted.records + 1
+    assert all(r["step"] == int(r["message"].split()[1]) for r in records)
+    assert_archived_once(bootstrap, topics, tmp_path, run_id, len(events) + len(records))
+    assert_no_log_left(spool_dir)
+
+
+def assert_archived_once(
+    bootstrap: str, topics: Topics, tmp_path: Path, run_id: str, dead: int
+) -> None:
+    """An archiver writes the run; each (producer, seq) is in it once and the audit is clean."""
+    root = tmp_path / "archive"
+    archiver = ArchiverProcess(
+        bootstrap, topics.prefix, root, tmp_path / "archiver.log",
+        {"archive.roll_s": 1, "archive.audit": "false"},
+    ).start()  # fmt: skip
+    sql = (
+        "SELECT producer_id, seq, count(*) FROM (SELECT producer_id, seq FROM events "
+        "WHERE run_id = ? UNION ALL SELECT producer_id, seq FROM logs WHERE run_id = ?) "
+        "GROUP BY producer_id, seq"
+    )
+    rows: list[tuple[Any, ...]] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if root.exists():
+                rows = query_archive(str(root), topics, sql, [run_id, run_id])[1]
+                if len(rows) >= dead + 1:  # the dead producer's and the successor's event
+                    break
+            time.sleep(0.5)
+    finally:
+        archiver.stop()
+    assert len(rows) == dead + 1, f"{len(rows)} of {dead + 1} records archived"
+    assert {count for _producer, _seq, count in rows} == {1}, "a record archived twice"
+    audit = subprocess.run(
+        [sys.executable, "-m", "rlpulse", "audit", "--run", run_id, "--archive", str(root),
+         "--prefix", topics.prefix],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert "0 lost, 0 duplicates" in audit.stdout, audit.stdout
