@@ -26,7 +26,7 @@ import pytest
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import LogRecord, TrainerEvent
 from rlpulse.schemas.topics import Topics
-from tests.integration.topic_reader import read_until
+from tests.integration.topic_reader import read_many_until, read_until
 
 pytestmark = pytest.mark.broker
 
@@ -138,10 +138,10 @@ def test_each_rank_publishes_its_own_trl_metrics_and_logs(
     last = [own[(rank, STEPS)]["metrics"] for rank in range(RANKS)]
     assert last[0]["kl"] != last[1]["kl"]
 
-    records = read_until(
+    records = read_many_until(
         kafka_bootstrap,
         topics.logs,
-        codec.decode_log,
+        codec.decode_logs,
         lambda found: all(_logged_all(found, rank) for rank in range(RANKS)),
         keep=lambda record: record["run_id"] == run_id,
     )

@@ -32,7 +32,7 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import LogRecord, StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
 from rlpulse.streams.archive.catalog import query_archive
-from tests.integration.topic_reader import read_until
+from tests.integration.topic_reader import read_many_until, read_until
 from tests.integration.verl_rank import STEPS
 
 pytestmark = pytest.mark.broker
@@ -203,10 +203,10 @@ def test_each_rank_publishes_its_own_metrics_and_logs(
             keep=lambda summary: summary["run_id"] == run_id,
             timeout_s=90.0,
         )
-        records: list[LogRecord] = read_until(
+        records: list[LogRecord] = read_many_until(
             kafka_bootstrap,
             topics.logs,
-            codec.decode_log,
+            codec.decode_logs,
             lambda found: (
                 {(r["rank"], r["message"]) for r in found}
                 >= {(r, f"rank {r} finished step {s}") for r in range(RANKS) for s in (1, 2)}

@@ -25,6 +25,21 @@ def read_until(
 
     Fails the test with what was read if ``done`` does not hold within ``timeout_s``.
     """
+    return read_many_until(
+        bootstrap, topic, lambda value: [decode(value)], done, timeout_s=timeout_s, keep=keep
+    )
+
+
+def read_many_until(
+    bootstrap: str,
+    topic: str,
+    decode: Callable[[bytes], list[T]],
+    done: Callable[[list[T]], bool],
+    *,
+    timeout_s: float = 60.0,
+    keep: Callable[[T], bool] = lambda _record: True,
+) -> list[T]:
+    """:func:`read_until` for messages that carry several records (``decode`` gives them all)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}"})
     try:
         metadata = consumer.list_topics(topic=topic, timeout=timeout_s)
@@ -36,9 +51,7 @@ def read_until(
             assert time.monotonic() < deadline, f"{topic}: condition not met by {records!r:.3000}"
             for msg in consumer.consume(500, timeout=0.2):
                 assert msg.error() is None, msg.error()
-                record = decode(msg.value() or b"")
-                if keep(record):
-                    records.append(record)
+                records += [record for record in decode(msg.value() or b"") if keep(record)]
         return records
     finally:
         consumer.close()

@@ -270,6 +270,8 @@ class Archiver:
                 _headers(message) if table.record is None else None,
             )
             buffer.add(rows, run, offset, len(value) if value else 0, stamp_ms)
+            if not isinstance(rows, list):  # a batch of log records
+                continue
             if "decode_error" in rows[0]:
                 self.counts.undecodable += 1
             elif topic == events and run is not None and heard is not None:

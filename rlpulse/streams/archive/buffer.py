@@ -1,7 +1,8 @@
 """The records one partition delivered since its last flush, grouped by date and run.
 
-Rows arrive as dicts; every :data:`BATCH_ROWS` rows of a group become one Arrow record
-batch, so a buffer holds compact columns rather than Python objects. :meth:`flush_plan`
+Rows arrive as dicts (every :data:`BATCH_ROWS` rows of a group become one Arrow record
+batch, so a buffer holds compact columns rather than Python objects) or, from a batch
+message, as an Arrow record batch already. :meth:`flush_plan`
 turns the buffer into the files of one flush (see :mod:`rlpulse.streams.archive.layout`).
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Final
 import pyarrow as pa
 
 from rlpulse.streams.archive.layout import FileName, relative_path
-from rlpulse.streams.archive.tables import Table, day_of, run_partition
+from rlpulse.streams.archive.tables import Rows, Table, day_of, run_partition
 
 __all__ = ["BATCH_ROWS", "PartitionBuffer", "PlannedFile"]
 
@@ -56,22 +57,27 @@ class PartitionBuffer:
         self._groups: dict[tuple[int, str | None], _Group] = {}
         """Rows by (UTC day number, run id)."""
 
-    def add(
-        self, rows: list[dict[str, Any]], run: str | None, offset: int, size: int, stamp_ms: int
-    ) -> None:
+    def add(self, rows: Rows, run: str | None, offset: int, size: int, stamp_ms: int) -> None:
         """Add the rows of the message at ``offset`` (``size`` bytes, from ``stamp_ms``)."""
         if self.first is None:
             self.first = offset
         self.last = offset
-        self.records += len(rows)
         self.bytes += size
         key = (stamp_ms // MS_PER_DAY, run)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = _Group()
-        group.rows += rows
         if stamp_ms > group.newest_ms:  # noqa: PLR1730 -- cheaper than max() per row
             group.newest_ms = stamp_ms
+        if isinstance(rows, pa.RecordBatch):
+            self.records += rows.num_rows
+            if group.rows:  # keep the order: the rows before it become a batch first
+                group.batches.append(self._batch(group.rows))
+                group.rows = []
+            group.batches.append(rows)
+            return
+        self.records += len(rows)
+        group.rows += rows
         if len(group.rows) >= BATCH_ROWS:
             group.batches.append(self._batch(group.rows))
             group.rows = []

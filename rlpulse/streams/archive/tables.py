@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from hashlib import blake2b
-from typing import Any, Final, cast
+from typing import Any, Final, TypeAlias, cast
 
 import pyarrow as pa
 from fastavro import schemaless_reader
@@ -39,6 +39,7 @@ from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 __all__ = [
     "KAFKA_COLUMNS",
     "PARTITION_COLUMNS",
+    "Rows",
     "Table",
     "arrow_type",
     "day_of",
@@ -54,6 +55,8 @@ KAFKA_COLUMNS: Final = (
 )
 PARTITION_COLUMNS: Final = (pa.field("date", pa.string()), pa.field("run", pa.string()))
 """The hive partition columns every table gets from its directories."""
+Rows: TypeAlias = list[dict[str, Any]] | pa.RecordBatch
+"""The rows of one message: dicts, or (for a batch message) an Arrow record batch."""
 _UNDECODABLE: Final = (pa.field("decode_error", pa.string()), pa.field("raw_value", pa.binary()))
 _TIMESTAMP_TYPES: Final = {0: None, 1: "create", 2: "log_append"}
 _NS_PER_MS: Final = 1_000_000
@@ -193,14 +196,15 @@ class Table:
         offset: int,
         timestamp: tuple[int, int],
         headers: Sequence[tuple[str, bytes | str | None]] | None = None,
-    ) -> tuple[list[dict[str, Any]], str | None, int]:
+    ) -> tuple[Rows, str | None, int]:
         """The rows of one message, its run id (None when it has none) and when it happened.
 
-        A message is one row, except a batch (a LogBatch: one row per record, each with the
-        batch's shared fields). ``timestamp`` is confluent-kafka's ``message.timestamp()`` pair
-        (type, ms). The time (ms) is Kafka's timestamp, else the record's own time, else 0: its
-        UTC date is the rows' ``date`` partition, and retention goes by it. Never raises: a
-        message that does not decode becomes a ``decode_error`` row.
+        A message is one row (a dict), except a batch (a LogBatch), whose records come as one
+        Arrow record batch, a row per record with the batch's shared fields, built column by
+        column. ``timestamp`` is confluent-kafka's ``message.timestamp()`` pair (type, ms). The
+        time (ms) is Kafka's timestamp, else the record's own time, else 0: its UTC date is the
+        rows' ``date`` partition, and retention goes by it. Never raises: a message that does
+        not decode becomes a ``decode_error`` row.
         """
         kind, stamp = timestamp
         stamp_type = _TIMESTAMP_TYPES.get(kind)
@@ -211,22 +215,24 @@ class Table:
             )
             return [row], run, when
         kafka = _kafka(partition, offset, stamp_ms, stamp_type)
+        data = value or b""
         try:
-            records = self.decode(codec, value or b"")
+            batch = self._batch(codec, data)
+            record = self._read(codec, data, self.record) if batch is None else batch
         except DecodeError as exc:
             kafka["decode_error"] = str(exc)
-            kafka["raw_value"] = value or b""
+            kafka["raw_value"] = data
             return [kafka], _text(key), stamp_ms if stamp_ms is not None and stamp_ms >= 0 else 0
-        convert = self.convert
-        for record in records:
-            if convert is not None:
-                record.update(convert(record))
-            record.update(kafka)
-        first = records[0] if records else {}
         if stamp_ms is None or stamp_ms < 0:
+            first = record["entries"][0] if batch is not None and record["entries"] else record
             own = first.get(self.time_field) if self.time_field else None
             stamp_ms = own // _NS_PER_MS if isinstance(own, int) and own >= 0 else 0
-        return records, first.get("run_id", _text(key)), stamp_ms
+        if batch is not None:
+            return self._columns(batch, kafka), batch.get("run_id", _text(key)), stamp_ms
+        if self.convert is not None:
+            record = self.convert(record)
+        record.update(kafka)
+        return [record], record.get("run_id"), stamp_ms
 
     def decode(self, codec: Codec, data: bytes) -> list[dict[str, Any]]:
         """The records of one message of this table; :class:`DecodeError` if it holds none.
@@ -235,18 +241,47 @@ class Table:
         others (older versions, garbage) go through :meth:`Codec.decode`. A batch's records
         each get the batch's shared fields.
         """
-        if self.batch_record is not None:
-            writer = codec.registry.by_fingerprint(data[len(MAGIC) : HEADER_SIZE])
-            if writer is not None and writer.name == self.batch_record:
-                batch = self._read(codec, data, self.batch_record)
-                entries: list[dict[str, Any]] = batch.pop("entries")
-                for entry in entries:
-                    entry.update(batch)
-                return entries
-        return [self._read(codec, data, self.record or "")]
+        batch = self._batch(codec, data)
+        if batch is None:
+            return [self._read(codec, data, self.record or "")]
+        entries: list[dict[str, Any]] = batch.pop("entries")
+        for entry in entries:
+            entry.update(batch)
+        return entries
 
-    def _read(self, codec: Codec, data: bytes, record: str) -> dict[str, Any]:
-        header, parsed = _newest(codec, record)
+    def _batch(self, codec: Codec, data: bytes) -> dict[str, Any] | None:
+        """The decoded batch record, if ``data`` is one of this table's batch messages."""
+        if self.batch_record is None:
+            return None
+        writer = codec.registry.by_fingerprint(data[len(MAGIC) : HEADER_SIZE])
+        if writer is None or writer.name != self.batch_record:
+            return None
+        return self._read(codec, data, self.batch_record)
+
+    def _columns(self, batch: dict[str, Any], kafka: dict[str, Any]) -> pa.RecordBatch:
+        """A batch's records as an Arrow record batch, built column by column.
+
+        Entry fields are a column each; the shared fields and the Kafka columns repeat one
+        value; the decode columns are null.
+        """
+        entries: list[dict[str, Any]] = batch["entries"]
+        count = len(entries)
+        columns = []
+        for field in self.schema:
+            name = field.name
+            if entries and name in entries[0]:
+                columns.append(pa.array([entry[name] for entry in entries], type=field.type))
+            elif name in batch or name in kafka:
+                shared = batch[name] if name in batch else kafka[name]
+                if isinstance(shared, dict):
+                    shared = list(shared.items())
+                columns.append(pa.repeat(pa.scalar(shared, type=field.type), count))
+            else:
+                columns.append(pa.nulls(count, type=field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+    def _read(self, codec: Codec, data: bytes, record: str | None) -> dict[str, Any]:
+        header, parsed = _newest(codec, record or "")
         if data[:HEADER_SIZE] != header:
             return codec.decode(data, record)
         body = io.BytesIO(data)
