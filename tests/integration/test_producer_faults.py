@@ -399,7 +399,7 @@ from rlpulse.producers import EventLogger, Settings
 bootstrap, prefix, spool, run_id, linger_ms = sys.argv[1:6]
 settings = Settings(
     bootstrap=bootstrap, prefix=prefix,
-    producer={"spool_dir": Path(spool), "delivery_timeout_s": 2.0},
+    producer={"spool_dir": Path(spool), "delivery_timeout_s": 2.0 + int(linger_ms) / 500},
     librdkafka={"linger.ms": int(linger_ms)},
 )
 logger = EventLogger(run_id, settings=settings)
