@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from rlpulse.exceptions import RlpulseError
 
-__all__ = ["BrokerError", "ExporterProcessError", "LocalError", "WorkerProcessError"]
+__all__ = [
+    "BrokerError",
+    "ExporterProcessError",
+    "LocalError",
+    "S3ProxyError",
+    "WorkerProcessError",
+]
 
 
 class LocalError(RlpulseError):
@@ -21,3 +27,7 @@ class WorkerProcessError(LocalError):
 
 class ExporterProcessError(LocalError):
     """An exporter child process exited early or did not serve its lookback in time."""
+
+
+class S3ProxyError(LocalError):
+    """The local S3Proxy could not be started, or refused a request."""
