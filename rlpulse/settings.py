@@ -64,6 +64,7 @@ __all__ = [
     "JoinerSettings",
     "LoggingSettings",
     "ProducerSettings",
+    "SearchSettings",
     "SecuritySettings",
     "Settings",
     "WorkerSettings",
@@ -598,6 +599,29 @@ class ArchiveSettings(_Section):
         return _read_secret(self.s3_secret_access_key_file, "archive.s3_secret_access_key_file")
 
 
+class SearchSettings(_Section):
+    """The local OpenSearch node that ``rlpulse search up`` runs on 127.0.0.1.
+
+    Clients find OpenSearch at the top-level ``opensearch_url``; unset, at this node.
+    """
+
+    port: int = Field(
+        default=9200, ge=0, le=65535, description="Port of the REST API (HTTP); 0 picks a free one."
+    )
+    transport_port: int = Field(
+        default=9300,
+        ge=0,
+        le=65535,
+        description="Port of the node's transport (node to node); 0 picks a free one.",
+    )
+    heap: str = Field(
+        default="512m", pattern=r"^\d+[kmg]$", description="The JVM's heap (-Xms and -Xmx)."
+    )
+    startup_timeout_s: Seconds = Field(
+        default=180.0, gt=0, description="How long `rlpulse search up` waits for the REST API."
+    )
+
+
 class CommandLimits(_Section):
     """What a trainer accepts in a ControlCommand; a command beyond these is acked ``rejected``.
 
@@ -803,6 +827,13 @@ class Settings(BaseSettings):
         ),
     )
     prefix: str = Field(default=DEFAULT_PREFIX, description="Topics are named <prefix>.<role>.")
+    opensearch_url: str | None = Field(
+        default=None,
+        description=(
+            "OpenSearch's REST API (http://host:port); unset: the node `rlpulse search up` "
+            "started, else http://127.0.0.1:<search.port>."
+        ),
+    )
     replication_factor: int | None = Field(
         default=None,
         ge=1,
@@ -825,6 +856,7 @@ class Settings(BaseSettings):
     exporter: ExporterSettings = ExporterSettings()
     logging: LoggingSettings = LoggingSettings()
     archive: ArchiveSettings = ArchiveSettings()
+    search: SearchSettings = SearchSettings()
     commands: CommandLimits = CommandLimits()
     security: SecuritySettings = SecuritySettings()
 
@@ -839,6 +871,13 @@ class Settings(BaseSettings):
     def _blank_is_unset(cls, value: object) -> object:
         if isinstance(value, str):
             return value.strip() or None
+        return value
+
+    @field_validator("opensearch_url", mode="before")
+    @classmethod
+    def _url_blank_is_unset(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip().rstrip("/") or None
         return value
 
     @field_validator("prefix")

@@ -9,6 +9,7 @@ __all__ = [
     "ExporterProcessError",
     "LocalError",
     "S3ProxyError",
+    "SearchError",
     "WorkerProcessError",
 ]
 
@@ -27,6 +28,10 @@ class WorkerProcessError(LocalError):
 
 class ExporterProcessError(LocalError):
     """An exporter child process exited early or did not serve its lookback in time."""
+
+
+class SearchError(LocalError):
+    """The local OpenSearch node could not be started, found or stopped."""
 
 
 class S3ProxyError(LocalError):

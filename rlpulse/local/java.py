@@ -18,22 +18,32 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 from rlpulse.local.exceptions import LocalError
 from rlpulse.transport.bootstrap import pid_alive
 
-__all__ = ["MavenJars", "Progress", "port_in_use", "require_tool", "stop_pid", "tail"]
+__all__ = [
+    "MavenJars",
+    "Progress",
+    "port_in_use",
+    "require_tool",
+    "require_tools",
+    "stop_pid",
+    "tail",
+]
 
 LOG_TAIL_LINES = 15
 
 Progress = Callable[[str], None]
 """Where long operations report what they are doing (one line each)."""
 
-_INSTALL = {
-    "java": "Java 17 or newer (apt-get install openjdk-17-jre-headless)",
-    "javac": "a Java 17 JDK (apt-get install openjdk-17-jdk-headless)",
-    "mvn": "Maven (apt-get install maven)",
+_NEEDS: Final = {
+    "java": ("Java 17 or newer", "openjdk-17-jre-headless"),
+    "javac": ("a Java 17 JDK", "openjdk-17-jdk-headless"),
+    "mvn": ("Maven", "maven"),
 }
+"""What each tool is, and the Debian package that installs it."""
 
 
 def port_in_use(port: int) -> bool:
@@ -56,15 +66,33 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def require_tool(name: str, why: str, error: type[LocalError]) -> str:
-    """The path of ``java``, ``javac`` or ``mvn`` on PATH; else ``error`` saying what to install.
+def require_tools(names: list[str], why: str, error: type[LocalError]) -> dict[str, str]:
+    """The paths of ``names`` (``java``, ``javac``, ``mvn``) on PATH.
 
-    ``why`` completes "... is not on PATH; ``why`` needs ...".
+    Raises ``error`` naming every missing one at once and what installs them; ``why``
+    completes "... not on PATH; ``why`` needs ...".
     """
-    found = shutil.which(name)
-    if found is None:
-        raise error(f"{name} is not on PATH; {why} needs {_INSTALL[name]}.")
-    return found
+    found = {name: shutil.which(name) for name in names}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        needs = [name for name in missing if not (name == "java" and "javac" in missing)]
+        verb = "is" if len(missing) == 1 else "are"  # (a JDK brings the runtime: one package)
+        raise error(
+            f"{_and(missing)} {verb} not on PATH; {why} needs "
+            f"{_and([_NEEDS[name][0] for name in needs])} "
+            f"(apt-get install {' '.join(_NEEDS[name][1] for name in needs)})."
+        )
+    return {name: path for name, path in found.items() if path is not None}
+
+
+def _and(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def require_tool(name: str, why: str, error: type[LocalError]) -> str:
+    """The path of one tool on PATH (see :func:`require_tools`)."""
+    return require_tools([name], why, error)[name]
 
 
 def stop_pid(pid: int, timeout_s: float) -> None:
