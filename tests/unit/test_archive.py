@@ -263,3 +263,16 @@ def test_an_error_line_keeps_brackets(tmp_path: Path) -> None:
     outcome = cli("audit", "--run", "[gpu-0]", "--archive", str(tmp_path))
     assert outcome.exit_code == 1
     assert "run [gpu-0]: no records in the archive" in outcome.stderr
+
+
+def test_readers_read_only_archive_files(tmp_path: Path) -> None:
+    """Strays beside the files (an object store's directory markers, notes) are never read."""
+    store = ArchiveStore(str(tmp_path))
+    table = tables()["events"]
+    flush(store, buffered(table, 0, events(0, 1, 2)))
+    (run_dir,) = (tmp_path / table.topic).glob("date=*/run=*")
+    (run_dir / "README.txt").write_text("not Parquet")
+    (run_dir.parent / "run=empty").mkdir()
+    (tmp_path / table.topic / "date=2020-01-01").mkdir()  # a prefix retention emptied
+    _, rows = query_archive(str(tmp_path), TOPICS, "SELECT seq, run FROM events ORDER BY seq")
+    assert rows == [(0, "run-1"), (1, "run-1"), (2, "run-1")]
