@@ -110,7 +110,7 @@ def test_the_session_node_keeps_one_document_per_id(opensearch_url: str) -> None
     """The contract an indexer builds exactly-once on: the same id again replaces, never adds."""
     index = f"logs-{uuid.uuid4().hex[:8]}"
     call("PUT", f"{opensearch_url}/{index}", MAPPING)
-    lines = []
+    lines: list[dict[str, Any]] = []
     for seq in range(100):
         lines.append({"index": {"_index": index, "_id": f"producer-a-{seq}"}})
         lines.append({"run_id": "run-9", "level": "INFO", "step": seq // 10, "message": f"m{seq}"})
