@@ -51,14 +51,17 @@ def _dataset(store: ArchiveStore, table: Table) -> ds.Dataset | pa.Table:
     paths = sorted(path for path, _name in store.files(table.topic))
     if not paths:
         return schema.empty_table()
-    return ds.dataset(
-        paths,
-        filesystem=store.fs,
-        format="parquet",
-        partitioning=_HIVE,
-        partition_base_dir=store.path(table.topic),
-        schema=schema,
-    )
+    try:
+        return ds.dataset(
+            paths,
+            filesystem=store.fs,
+            format="parquet",
+            partitioning=_HIVE,
+            partition_base_dir=store.path(table.topic),
+            schema=schema,
+        )
+    except OSError as exc:
+        raise ArchiveError(f"cannot read the archive at {store.root}: {exc}") from exc
 
 
 def _time(column: str) -> str:

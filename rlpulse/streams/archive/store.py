@@ -14,7 +14,6 @@ than its ``n`` files (:mod:`rlpulse.streams.archive.layout` deletes those on res
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -105,7 +104,10 @@ class ArchiveStore:
 
     def exists(self) -> bool:
         """Whether the root is there, as a directory (what the archiver writes into)."""
-        return bool(self.fs.get_file_info(self.base).type == pafs.FileType.Directory)
+        try:
+            return bool(self.fs.get_file_info(self.base).type == pafs.FileType.Directory)
+        except OSError as exc:
+            raise ArchiveError(f"cannot reach the archive at {self.root}: {exc}") from exc
 
     def path(self, relative: str) -> str:
         """The full path of ``relative`` under the root."""
@@ -140,8 +142,11 @@ class ArchiveStore:
         final = self.path(relative)
         directory, _, name = final.rpartition("/")
         if not self.local:
-            with self.fs.open_output_stream(final) as stream:
-                pq.write_table(table, stream, compression=compression)
+            try:
+                with self.fs.open_output_stream(final) as stream:
+                    pq.write_table(table, stream, compression=compression)
+            except OSError as exc:
+                raise ArchiveError(f"cannot write {final}: {exc}") from exc
             return StagedFile(final, final)
         temp = f"{directory}/{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}"
         for _ in range(3):  # a concurrent prune may remove the directory once it is empty
@@ -172,8 +177,12 @@ class ArchiveStore:
         """Delete ``paths`` (already gone is fine), then directories they leave empty."""
         parents = set()
         for path in paths:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self.fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise ArchiveError(f"cannot delete {path}: {exc}") from exc
             parents.add(path.rpartition("/")[0])
         if self.local:
             for directory in sorted(parents, key=len, reverse=True):
