@@ -87,13 +87,13 @@ class ArchiveLocation:
         """The rows of ``sql`` over the archive."""
         return query_archive(self.root, topics, sql, parameters, options=self.options)[1]
 
-    def flushes_in_progress(self) -> set[str]:
+    def flushes_in_progress(self, missing_at_least: int = 1) -> set[str]:
         """What shows flushes being written now, read from the disk (fast enough to poll).
 
         A local root: the temporary files of a flush (renamed when all are written). An S3
-        root: the objects of flushes that have some but not all of their ``n`` objects
-        (objects appear whole, one after the other), each with its inode, so that an object
-        written again under the same name is new and deleting one never is.
+        root: the objects of flushes that have some of their ``n`` objects but miss at least
+        ``missing_at_least`` (objects appear whole, one after the other), each with its inode,
+        so that an object written again under the same name is new and deleting one never is.
         """
         if self.kind == "local":
             return {
@@ -118,6 +118,6 @@ class ArchiveLocation:
         return {
             f"{path}@{inode}"
             for key, objects in flushes.items()
-            if len(objects) < counts[key]
+            if len(objects) <= counts[key] - missing_at_least
             for path, inode in objects
         }

@@ -41,14 +41,15 @@ def kill_while_writing(
 ) -> bool:
     """SIGKILL the archiver the moment it has a flush half written; False when done.
 
-    Half written: temporary files (a local root), or some of a flush's objects (an s3://
-    root). What a previous (killed) archiver left does not count: only new ones.
+    Half written: temporary files (a local root), or some of a flush's objects with two or
+    more still to come (an s3:// root: the upload in flight when the archiver dies may
+    still complete). What a previous (killed) archiver left does not count: only new ones.
     """
     left_before = location.flushes_in_progress()
     deadline = time.monotonic() + WAIT_S
     checked_done = 0.0
     while time.monotonic() < deadline:
-        if location.flushes_in_progress() - left_before:
+        if location.flushes_in_progress(missing_at_least=2) - left_before:
             archiver.kill()
             return True
         if time.monotonic() - checked_done > 1.0:
