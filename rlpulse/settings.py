@@ -64,6 +64,7 @@ __all__ = [
     "JoinerSettings",
     "LoggingSettings",
     "ProducerSettings",
+    "SearchSettings",
     "SecuritySettings",
     "Settings",
     "WorkerSettings",
@@ -481,11 +482,41 @@ class LoggingSettings(_Section):
 
 
 class ArchiveSettings(_Section):
-    """The archiver: every topic to Parquet, rolled, retained, audited."""
+    """The archiver: every topic to Parquet, rolled, retained, audited.
+
+    An ``s3://bucket/prefix`` root is read and written with pyarrow's S3 client: AWS S3 by
+    default, or any S3-compatible server at ``s3_endpoint`` (MinIO, S3Proxy, GCS's XML API).
+    Credentials are ``s3_access_key_id`` with its secret from
+    ``RLPULSE_ARCHIVE__S3_SECRET_ACCESS_KEY`` or ``s3_secret_access_key_file``; unset, the AWS
+    default chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``~/.aws``, an instance
+    role) as for any AWS client.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     root: str | None = Field(
         default=None,
         description="A directory or a pyarrow filesystem URI (s3://...); unset: <home>/archive.",
+    )
+    s3_endpoint: str | None = Field(
+        default=None,
+        description="The S3-compatible server of s3:// roots, as a URL (http://127.0.0.1:9000, "
+        "https://storage.googleapis.com); unset: AWS S3.",
+    )
+    s3_region: str | None = Field(
+        default=None,
+        description="The bucket's region; unset: asked of AWS (no s3_endpoint), else us-east-1.",
+    )
+    s3_access_key_id: str | None = Field(
+        default=None,
+        description="Access key id for s3:// roots; unset: the AWS default credential chain.",
+    )
+    s3_secret_access_key: SecretStr | None = Field(
+        default=None,
+        description="Its secret: only from RLPULSE_ARCHIVE__S3_SECRET_ACCESS_KEY.",
+    )
+    s3_secret_access_key_file: Path | None = Field(
+        default=None, description="A file holding the secret access key (one line)."
     )
     group_id: str | None = Field(
         default=None, description="The archivers' consumer group; unset: <prefix>-archive."
@@ -531,6 +562,87 @@ class ArchiveSettings(_Section):
     )
     startup_timeout_s: Seconds = Field(
         default=120.0, gt=0, description="How long start-up waits for Kafka."
+    )
+
+    @field_validator("s3_endpoint", mode="before")
+    @classmethod
+    def _endpoint_url(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        value = value.strip().rstrip("/")
+        if not value:
+            return None
+        scheme, _, rest = value.partition("://")
+        if scheme not in ("http", "https") or not rest or "/" in rest:
+            raise ValueError(
+                f"s3_endpoint {value!r} must be a URL with a scheme and no path: "
+                "http://host:port or https://host"
+            )
+        return value
+
+    @field_validator("s3_region", "s3_access_key_id", mode="before")
+    @classmethod
+    def _blank_text_is_unset(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip() or None
+        return value
+
+    @field_validator("s3_secret_access_key_file", mode="before")
+    @classmethod
+    def _expand_path(cls, value: object) -> object:
+        if isinstance(value, str):
+            return Path(value).expanduser() if value.strip() else None
+        return value
+
+    @model_validator(mode="after")
+    def _s3_credentials_whole(self) -> ArchiveSettings:
+        has_secret = (
+            self.s3_secret_access_key is not None or self.s3_secret_access_key_file is not None
+        )
+        if self.s3_secret_access_key is not None and self.s3_secret_access_key_file is not None:
+            raise ValueError("set s3_secret_access_key or s3_secret_access_key_file, not both")
+        if self.s3_access_key_id and not has_secret:
+            raise ValueError(
+                "s3_access_key_id needs its secret: set RLPULSE_ARCHIVE__S3_SECRET_ACCESS_KEY "
+                "or archive.s3_secret_access_key_file"
+            )
+        if has_secret and not self.s3_access_key_id:
+            raise ValueError("an S3 secret access key is set without s3_access_key_id")
+        return self
+
+    def s3_secret(self) -> str | None:
+        """The S3 secret access key (from the environment or its file); None when unset.
+
+        Raises :class:`SettingsError` naming the file (never its content) if it is unreadable
+        or empty.
+        """
+        if self.s3_secret_access_key is not None:
+            return self.s3_secret_access_key.get_secret_value()
+        if self.s3_secret_access_key_file is None:
+            return None
+        return _read_secret(self.s3_secret_access_key_file, "archive.s3_secret_access_key_file")
+
+
+class SearchSettings(_Section):
+    """The local OpenSearch node that ``rlpulse search up`` runs on 127.0.0.1.
+
+    Clients find OpenSearch at the top-level ``opensearch_url``; unset, at this node.
+    """
+
+    port: int = Field(
+        default=9200, ge=0, le=65535, description="Port of the REST API (HTTP); 0 picks a free one."
+    )
+    transport_port: int = Field(
+        default=9300,
+        ge=0,
+        le=65535,
+        description="Port of the node's transport (node to node); 0 picks a free one.",
+    )
+    heap: str = Field(
+        default="512m", pattern=r"^\d+[kmg]$", description="The JVM's heap (-Xms and -Xmx)."
+    )
+    startup_timeout_s: Seconds = Field(
+        default=180.0, gt=0, description="How long `rlpulse search up` waits for the REST API."
     )
 
 
@@ -739,6 +851,13 @@ class Settings(BaseSettings):
         ),
     )
     prefix: str = Field(default=DEFAULT_PREFIX, description="Topics are named <prefix>.<role>.")
+    opensearch_url: str | None = Field(
+        default=None,
+        description=(
+            "OpenSearch's REST API (http://host:port); unset: the node `rlpulse search up` "
+            "started, else http://127.0.0.1:<search.port>."
+        ),
+    )
     replication_factor: int | None = Field(
         default=None,
         ge=1,
@@ -761,11 +880,12 @@ class Settings(BaseSettings):
     exporter: ExporterSettings = ExporterSettings()
     logging: LoggingSettings = LoggingSettings()
     archive: ArchiveSettings = ArchiveSettings()
+    search: SearchSettings = SearchSettings()
     commands: CommandLimits = CommandLimits()
     security: SecuritySettings = SecuritySettings()
 
     secret_fields: ClassVar[frozenset[str]] = frozenset(
-        {"security.password", "security.control_signing_key"}
+        {"security.password", "security.control_signing_key", "archive.s3_secret_access_key"}
     )
     """Dotted names whose values ``rlpulse config show`` masks, and that only the environment
     may set (never a flag or the config file)."""
@@ -775,6 +895,13 @@ class Settings(BaseSettings):
     def _blank_is_unset(cls, value: object) -> object:
         if isinstance(value, str):
             return value.strip() or None
+        return value
+
+    @field_validator("opensearch_url", mode="before")
+    @classmethod
+    def _url_blank_is_unset(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.strip().rstrip("/") or None
         return value
 
     @field_validator("prefix")

@@ -1,4 +1,7 @@
-"""Shared fixtures: a real Kafka broker for the whole session, and fresh topic names per test."""
+"""Shared fixtures: real Kafka, OpenSearch and S3Proxy for the session, fresh topics per test.
+
+Each service starts once per session, on free ports, the first time a test asks for it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from rlpulse.local.broker import bootstrap_or_local_broker
+from rlpulse.local.opensearch import local_search_or_url
+from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.topics import ensure_topics
@@ -29,3 +34,19 @@ def topics(kafka_bootstrap: str) -> Topics:
     names = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
     ensure_topics(settings_at(kafka_bootstrap), names, partitions=3)
     return names
+
+
+@pytest.fixture(scope="session")
+def opensearch_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """OpenSearch's REST API: ``RLPULSE_OPENSEARCH_URL``, or a node started for the session."""
+    settings = Settings()
+    state_dir = tmp_path_factory.mktemp("opensearch")
+    with local_search_or_url(settings, state_dir) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def s3proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Proxy]:
+    """A real S3-compatible server (S3Proxy, filesystem backend) started for the session."""
+    with S3Proxy(Settings().home, tmp_path_factory.mktemp("s3proxy")) as server:
+        yield server

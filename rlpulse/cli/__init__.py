@@ -24,6 +24,7 @@ from rlpulse.cli.exporter import exporter
 from rlpulse.cli.query import query
 from rlpulse.cli.replay import replay
 from rlpulse.cli.rules import rules_app
+from rlpulse.cli.search import search_app
 from rlpulse.cli.show import show
 from rlpulse.cli.trace import trace_app
 from rlpulse.cli.worker import worker
@@ -59,6 +60,7 @@ def root(
 
 
 app.add_typer(broker_app, name="broker")
+app.add_typer(search_app, name="search")
 app.add_typer(control_app, name="control")
 app.add_typer(rules_app, name="rules", help="Check, backtest and publish rules files.")
 app.add_typer(config_app, name="config")

@@ -128,9 +128,8 @@ def archive_prune(
     )
     tables = tables_of(Topics(chosen.prefix), default_codec())
     cutoff = cutoff_ms(round(time.time() * 1000), chosen.archive.retention_days)
-    result = prune(
-        ArchiveStore(chosen.archive_root), [table.topic for table in tables.values()], cutoff
-    )
+    store = ArchiveStore(chosen.archive_root, chosen.archive)
+    result = prune(store, [table.topic for table in tables.values()], cutoff)
     for path in result.deleted:
         say(f"deleted {path}")
     out.print(

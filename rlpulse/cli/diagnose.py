@@ -99,8 +99,8 @@ def diagnose(
         for problem in malformed:
             err.print(f"{problem}; skipped", highlight=False, soft_wrap=True)
     else:
-        require_archive(loaded.archive_root)
-        con = open_archive(loaded.archive_root, topics)
+        require_archive(loaded.archive_root, loaded.archive)
+        con = open_archive(loaded.archive_root, topics, options=loaded.archive)
         source = loaded.archive_root
     try:
         records = select_records(con, chosen, partitioned=log_dir is None)

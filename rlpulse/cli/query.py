@@ -33,6 +33,8 @@ def query(
     from rlpulse.streams.archive.catalog import query_archive, require_archive
 
     chosen = settings(config, {"prefix": prefix, "archive.root": archive})
-    require_archive(chosen.archive_root)
-    columns, rows = query_archive(chosen.archive_root, Topics(chosen.prefix), sql)
+    require_archive(chosen.archive_root, chosen.archive)
+    columns, rows = query_archive(
+        chosen.archive_root, Topics(chosen.prefix), sql, options=chosen.archive
+    )
     print_rows(columns, rows, cast(OutputFormat, output))

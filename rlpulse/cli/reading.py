@@ -36,5 +36,6 @@ def open_for(
     from rlpulse.streams.archive.catalog import open_archive, require_archive
 
     chosen = settings(config, {"prefix": prefix, "archive.root": root})
-    require_archive(chosen.archive_root)
-    return open_archive(chosen.archive_root, Topics(chosen.prefix)), chosen.archive_root
+    require_archive(chosen.archive_root, chosen.archive)
+    con = open_archive(chosen.archive_root, Topics(chosen.prefix), options=chosen.archive)
+    return con, chosen.archive_root

@@ -20,11 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
-import os
 import secrets
-import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -37,9 +33,10 @@ from string import Template
 from typing import TYPE_CHECKING
 
 from rlpulse.local.exceptions import BrokerError
+from rlpulse.local.java import MavenJars, port_in_use, require_tool, stop_pid, tail
 from rlpulse.local.private_files import write_private
 from rlpulse.settings import SaslMechanism, SecuritySettings, Settings
-from rlpulse.transport.bootstrap import BrokerRecord, pid_alive
+from rlpulse.transport.bootstrap import BrokerRecord
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import TransportError
 from rlpulse.transport.roles import Role, role_grants
@@ -61,7 +58,6 @@ __all__ = [
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 ADMIN_TIMEOUT_S = 30.0
-LOG_TAIL_LINES = 15
 ADMIN_USER = "admin"
 SECURE_MECHANISM: SaslMechanism = "SCRAM-SHA-512"
 
@@ -78,28 +74,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def port_in_use(port: int) -> bool:
-    """Whether something holds ``port`` on 127.0.0.1 (a listener, or a socket bound to it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
 def _kafka_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-
-
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a text file, or '' if it does not exist."""
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 @contextlib.contextmanager
@@ -116,59 +92,23 @@ def bootstrap_or_local_broker(settings: Settings, state_dir: Path) -> Iterator[s
         broker.down()
 
 
-class KafkaJars:
+class KafkaJars(MavenJars):
     """The Kafka jars for one version of ``kafka/pom.xml``, resolved by Maven into a cache."""
 
     def __init__(self, cache_dir: Path, pom: Path | None = None) -> None:
-        self.pom = pom if pom is not None else _kafka_files() / "pom.xml"
-        digest = hashlib.sha256(self.pom.read_bytes()).hexdigest()[:12]
-        self.directory = cache_dir / "kafka-jars" / digest
+        super().__init__(
+            cache_dir,
+            pom if pom is not None else _kafka_files() / "pom.xml",
+            cache_name="kafka-jars",
+            product="Apache Kafka",
+            version_property="kafka.version",
+            error=BrokerError,
+        )
 
     @property
     def kafka_version(self) -> str:
         """The Kafka version the pom asks for."""
-        text = self.pom.read_text()
-        start = text.index("<kafka.version>") + len("<kafka.version>")
-        return text[start : text.index("</kafka.version>", start)]
-
-    def ready(self) -> bool:
-        """Whether a complete resolution is already cached."""
-        return (self.directory / ".complete").exists()
-
-    def resolve(self, progress: Progress) -> Path:
-        """Return the jar directory, running Maven first if it is not cached yet."""
-        if self.ready():
-            return self.directory
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise BrokerError(
-                "Maven (mvn) is not on PATH; rlpulse needs it once to fetch the Kafka jars "
-                "(apt-get install maven)."
-            )
-        progress(f"Resolving Apache Kafka {self.kafka_version} jars with Maven (first run only)")
-        staging = self.directory.with_name(self.directory.name + f".tmp-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        command = [
-            mvn,
-            "-B",
-            "-q",
-            "-f",
-            str(self.pom),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={staging}",
-            "-DincludeScope=runtime",
-        ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            output = "\n".join((result.stdout + result.stderr).splitlines()[-LOG_TAIL_LINES:])
-            raise BrokerError(f"Maven could not resolve the Kafka jars:\n{output}")
-        (staging / ".complete").write_text(self.kafka_version)
-        if self.directory.exists():  # another process finished first
-            shutil.rmtree(staging, ignore_errors=True)
-        else:
-            staging.rename(self.directory)
-        return self.directory
+        return self.version
 
 
 @dataclass(frozen=True)
@@ -361,12 +301,7 @@ class LocalBroker:
                 f"not answer at {running.bootstrap}; run `rlpulse broker down` first.\n"
                 + tail(Path(running.log_file))
             )
-        java = shutil.which("java")
-        if java is None:
-            raise BrokerError(
-                "java is not on PATH; the local Kafka broker needs Java 17 or newer "
-                "(apt-get install openjdk-17-jre-headless)."
-            )
+        java = require_tool("java", "the local Kafka broker", BrokerError)
         port = self.port or _free_port()
         if controller_port is None:
             controller_port = port + 1 if self.port else _free_port()
@@ -405,16 +340,7 @@ class LocalBroker:
         if info is None:
             self.state_file.unlink(missing_ok=True)
             return False
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(info.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and pid_alive(info.pid):
-            time.sleep(0.1)
-        if pid_alive(info.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(info.pid, signal.SIGKILL)
-            while pid_alive(info.pid):
-                time.sleep(0.05)
+        stop_pid(info.pid, timeout_s)
         self.state_file.unlink(missing_ok=True)
         return True
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from rlpulse.exceptions import RlpulseError
 
-__all__ = ["BrokerError", "ExporterProcessError", "LocalError", "WorkerProcessError"]
+__all__ = [
+    "BrokerError",
+    "ExporterProcessError",
+    "LocalError",
+    "S3ProxyError",
+    "SearchError",
+    "WorkerProcessError",
+]
 
 
 class LocalError(RlpulseError):
@@ -21,3 +28,11 @@ class WorkerProcessError(LocalError):
 
 class ExporterProcessError(LocalError):
     """An exporter child process exited early or did not serve its lookback in time."""
+
+
+class SearchError(LocalError):
+    """The local OpenSearch node could not be started, found or stopped."""
+
+
+class S3ProxyError(LocalError):
+    """The local S3Proxy could not be started, or refused a request."""

@@ -1,10 +1,10 @@
 """The archiver as a process: SIGKILLed while writing it keeps every record exactly once; the
 audit finds a producer's missing records; retention deletes what is old, keeping where to
-resume."""
+resume. Each test runs on a local directory and on an s3:// root on S3Proxy
+(``archive_location``)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -19,9 +19,8 @@ from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.producers import EventLogger
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
-from rlpulse.streams.archive.catalog import query_archive
-from rlpulse.streams.archive.store import ArchiveStore
 from rlpulse.transport.clients import new_producer
+from tests.integration.archive_location import ArchiveLocation
 from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
@@ -37,30 +36,20 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S
         time.sleep(0.2)
 
 
-def query(root: Path, topics: Topics, sql: str, parameters: list[Any] | None = None) -> list[Any]:
-    return query_archive(str(root), topics, sql, parameters)[1]
+def kill_while_writing(
+    archiver: ArchiverProcess, location: ArchiveLocation, done: Callable[[], bool]
+) -> bool:
+    """SIGKILL the archiver the moment it has a flush half written; False when done.
 
-
-def temp_files(root: Path) -> set[str]:
-    """The temporary files of flushes being written (or left by a killed archiver)."""
-    return {
-        os.path.join(directory, name)
-        for directory, _subdirs, names in os.walk(root)
-        for name in names
-        if name.startswith(".tmp-")
-    }
-
-
-def kill_while_writing(archiver: ArchiverProcess, root: Path, done: Callable[[], bool]) -> bool:
-    """SIGKILL the archiver the moment it has a flush's file half done; False when done.
-
-    Temporary files the previous (killed) archiver left do not count: only new ones.
+    Half written: temporary files (a local root), or some of a flush's objects with two or
+    more still to come (an s3:// root: the upload in flight when the archiver dies may
+    still complete). What a previous (killed) archiver left does not count: only new ones.
     """
-    left_before = temp_files(root)
+    left_before = location.flushes_in_progress()
     deadline = time.monotonic() + WAIT_S
     checked_done = 0.0
     while time.monotonic() < deadline:
-        if temp_files(root) - left_before:
+        if location.flushes_in_progress(missing_at_least=2) - left_before:
             archiver.kill()
             return True
         if time.monotonic() - checked_done > 1.0:
@@ -71,13 +60,8 @@ def kill_while_writing(archiver: ArchiverProcess, root: Path, done: Callable[[],
     raise AssertionError(f"the archiver never wrote a file; its log:\n{archiver.log_text()}")
 
 
-def archive_files(root: Path, topics: Topics) -> int:
-    store = ArchiveStore(str(root))
-    return sum(len(store.files(topic)) for topic in (topics.events, topics.logs))
-
-
 def test_sigkill_while_writing_loses_and_repeats_nothing(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, archive_location: ArchiveLocation
 ) -> None:
     settings = settings_at(kafka_bootstrap, topics, producer={"spool_dir": tmp_path / "spool"})
     loggers = [  # several runs share each partition: a flush writes several files
@@ -91,46 +75,52 @@ def test_sigkill_while_writing_loses_and_repeats_nothing(
     for logger in loggers:
         assert logger.close(timeout_s=60) == 0
     total = sum(logger.logged for logger in loggers)
-    root = tmp_path / "archive"
+    location = archive_location
     archiver = ArchiverProcess(
         kafka_bootstrap,
         topics.prefix,
-        root,
+        location.root,
         tmp_path / "archiver.log",
-        {
-            "archive.roll_bytes": 300_000,
-            "archive.roll_s": 0.2,
-            "archive.batch_max": 2000,
-            "archive.instance_id": "archiver-under-test",  # a restart takes over at once
-        },
+        location.child_settings(
+            **{
+                "archive.roll_bytes": 300_000,
+                "archive.roll_s": 0.2,
+                "archive.batch_max": 2000,
+                "archive.instance_id": "archiver-under-test",  # a restart takes over at once
+            }
+        ),
     )
 
     def archived() -> int:
         counts = "SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM logs)"
-        return int(query(root, topics, counts)[0][0])
+        return int(location.query(topics, counts)[0][0])
 
-    kills = 0
+    kills = unfinished = 0
     try:
         for _ in range(6):
             archiver.start()
-            if not kill_while_writing(archiver, root, lambda: archived() >= total):
+            if not kill_while_writing(archiver, location, lambda: archived() >= total):
                 break
             kills += 1
+            time.sleep(location.settle_s)  # an upload S3Proxy had may still complete
+            unfinished += bool(location.flushes_in_progress())  # the kill cut a flush short
     finally:
         archiver.stop()  # no archiver outlives a failed test
     assert kills >= 5, archiver.log_text()  # the backlog outlasted five kills
     with archiver:
         wait_for(lambda: archived() >= total, "every record in the archive")
     records = "SELECT producer_id, seq FROM events UNION ALL SELECT producer_id, seq FROM logs"
-    ((count, distinct),) = query(
-        root, topics, f"SELECT count(*), count(DISTINCT (producer_id, seq)) FROM ({records})"
+    ((count, distinct),) = location.query(
+        topics, f"SELECT count(*), count(DISTINCT (producer_id, seq)) FROM ({records})"
     )
     assert (count, distinct) == (total, total)
-    found = set(query(root, topics, records))
+    found = set(location.query(topics, records))
     assert found == {(lg.producer_id, seq) for lg in loggers for seq in range(lg.logged)}
     recoveries = archiver.log_text().count("an unfinished flush")
-    print(f"{kills} kills, {recoveries} unfinished flushes found and redone")
-    assert recoveries >= kills - 1, archiver.log_text()  # (the last may land after a rename)
+    print(f"{kills} kills, {unfinished} left a flush unfinished, {recoveries} found and redone")
+    assert unfinished >= kills - 1, archiver.log_text()  # (the last may land after a rename)
+    assert recoveries == unfinished, archiver.log_text()
+    assert not location.flushes_in_progress()
 
 
 def _event(run_id: str, producer: str, seq: int, kind: str = "metrics") -> dict[str, Any]:
@@ -153,20 +143,21 @@ def _log(run_id: str, producer: str, seq: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def rlpulse(*args: str) -> subprocess.CompletedProcess[str]:
+def rlpulse(location: ArchiveLocation, *args: str) -> subprocess.CompletedProcess[str]:
+    """``rlpulse ARGS --archive ROOT`` with what reaching ``location`` takes."""
     return subprocess.run(
-        [sys.executable, "-m", "rlpulse", *args],
+        [sys.executable, "-m", "rlpulse", *args, "--archive", location.root],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
         cwd=REPO,
-        env={**os.environ, "COLUMNS": "250"},
+        env={**location.environment(), "COLUMNS": "250"},
     )
 
 
 def test_audit_names_the_producer_and_range_it_lost(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, archive_location: ArchiveLocation
 ) -> None:
     settings = settings_at(kafka_bootstrap, topics)
     codec = default_codec()
@@ -191,28 +182,27 @@ def test_audit_names_the_producer_and_range_it_lost(
             clean.log({"loss": 1.0}, step)
             clean.log_record("WARNING", 30, "trainer", f"step {step}")
         clean.run_end(9)
-    root = tmp_path / "archive"
+    location = archive_location
     with ArchiverProcess(
-        kafka_bootstrap, topics.prefix, root, tmp_path / "archiver.log",
-        {"archive.roll_s": 0.5, "archive.audit_delay_s": 0.5},
+        kafka_bootstrap, topics.prefix, location.root, tmp_path / "archiver.log",
+        location.child_settings(**{"archive.roll_s": 0.5, "archive.audit_delay_s": 0.5}),
     ) as archiver:  # fmt: skip
         wait_for(
-            lambda: query(root, topics, "SELECT count(DISTINCT run_id) FROM audits")[0][0] == 2,
+            lambda: location.query(topics, "SELECT count(DISTINCT run_id) FROM audits")[0][0] == 2,
             "the archiver's audits of both runs",
         )
-    failed = rlpulse("audit", "--run", lossy_run, "--archive", str(root), "--prefix", topics.prefix)
+    failed = rlpulse(location, "audit", "--run", lossy_run, "--prefix", topics.prefix)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert f"Producer {lossy} (rank 0 on node-z) is missing seq 7..9." in failed.stdout
     assert "3 lost, 1 duplicates" in failed.stdout
-    passed = rlpulse("audit", "--run", clean_run, "--archive", str(root), "--prefix", topics.prefix)
+    passed = rlpulse(location, "audit", "--run", clean_run, "--prefix", topics.prefix)
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert "0 lost" in passed.stdout
-    everything = rlpulse("audit", "--archive", str(root), "--prefix", topics.prefix)
+    everything = rlpulse(location, "audit", "--prefix", topics.prefix)
     assert everything.returncode == 1  # one of the runs lost records
-    published = query(
-        root, topics,
-        "SELECT run_id, ok, lost, duplicates, gaps FROM audits ORDER BY run_id",
-    )  # fmt: skip
+    published = location.query(
+        topics, "SELECT run_id, ok, lost, duplicates, gaps FROM audits ORDER BY run_id"
+    )
     assert [(r, ok, lost, dup) for r, ok, lost, dup, _ in published] == sorted(
         [(clean_run, True, 0, 0), (lossy_run, False, 3, 1)]
     )
@@ -224,34 +214,34 @@ def test_audit_names_the_producer_and_range_it_lost(
 
 
 def test_the_archiver_prunes_old_files_but_keeps_where_to_resume(
-    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path, archive_location: ArchiveLocation
 ) -> None:
     settings = settings_at(kafka_bootstrap, topics)
     run_id = f"old-{uuid.uuid4().hex[:6]}"
-    root = tmp_path / "archive"
+    location = archive_location
     retention_s = 3.0
     archiver = ArchiverProcess(
-        kafka_bootstrap, topics.prefix, root, tmp_path / "archiver.log",
-        {
+        kafka_bootstrap, topics.prefix, location.root, tmp_path / "archiver.log",
+        location.child_settings(**{
             "archive.roll_s": 0.3,
             "archive.retention_days": retention_s / 86400,
             "archive.prune_interval_s": 0.5,
-        },
+        }),
     )  # fmt: skip
     with archiver, EventLogger(run_id, settings=settings) as logger:
         for step in range(50):
             logger.log_record("INFO", 20, "trainer", f"old {step}", step=step)
         assert logger.flush(30) == 0
         count = "SELECT count(*) FROM logs WHERE message LIKE ?"
-        wait_for(lambda: query(root, topics, count, ["old %"])[0][0] == 50, "the old records")
+        wait_for(lambda: location.query(topics, count, ["old %"])[0][0] == 50, "the old records")
         time.sleep(retention_s)  # the first records age past the (3 s) retention
         for step in range(50, 60):
             logger.log_record("INFO", 20, "trainer", f"new {step}", step=step)
         assert logger.flush(30) == 0
-        wait_for(lambda: query(root, topics, count, ["new %"])[0][0] == 10, "the new records")
-        wait_for(lambda: query(root, topics, count, ["old %"])[0][0] == 0, "the old ones pruned")
+        wait_for(lambda: location.query(topics, count, ["new %"])[0][0] == 10, "the new records")
+        wait_for(lambda: location.query(topics, count, ["old %"])[0][0] == 0, "the old ones pruned")
         assert "retention: deleted" in archiver.log_text()
     # The newest flush of the partition stays however old it gets: it says where to resume.
-    store = ArchiveStore(str(root))
+    store = location.store()
     partitions = {name.partition for _, name in store.files(topics.logs)}
     assert len(partitions) == 1 and store.files(topics.logs)

@@ -74,4 +74,5 @@ def test_docker_compose_validates_the_stack() -> None:
         "prometheus",
         "alertmanager",
         "grafana",
+        "opensearch",
     }

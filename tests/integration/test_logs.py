@@ -1,13 +1,16 @@
-"""Log records end to end: rank processes, Kafka, archiver and worker; diagnose, query, show.
+"""Log records end to end: rank processes, Kafka, archivers and worker; diagnose, query, show.
 
 A 4-rank run on two hosts (``node-a``: ranks 0, 1; ``node-b``: ranks 2, 3) in three phases
 of 10 steps, each phase a new process per rank (:mod:`tests.integration.log_run`); the
 third phase inherits a trace context from the environment, as a launcher would set it.
-Every record carries its id, so the answers are compared record by record.
+Every record carries its id, so the answers are compared record by record. Two archivers
+(two consumer groups) keep the run, one in a local directory, one under an s3:// root on
+S3Proxy; every test that reads the archive runs on each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import json
@@ -23,12 +26,14 @@ from typing import Any
 import pytest
 
 from rlpulse.local.archiver_process import ArchiverProcess
+from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import ControlClient, Settings
 from rlpulse.producers.jsonl import RankRecord, list_rank_files, read_rank_logs
 from rlpulse.producers.sampling import keeps_trace
 from rlpulse.schemas.topics import Topics
-from rlpulse.streams.archive.catalog import open_archive, run_sql
+from rlpulse.streams.archive.catalog import run_sql
+from tests.integration.archive_location import KINDS, ArchiveLocation
 from tests.integration.log_run import (
     CHATTY_PER_STEP,
     SPIKE_STEP,
@@ -67,7 +72,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S
         time.sleep(0.5)
 
 
-def rlpulse(*args: str, expect: int = 0) -> str:
+def rlpulse(*args: str, expect: int = 0, archive: ArchiveLocation | None = None) -> str:
+    """``rlpulse ARGS``, with what reaching ``archive`` takes in its environment."""
+    environment = os.environ if archive is None else archive.environment()
     done = subprocess.run(
         [sys.executable, "-m", "rlpulse", *args],
         capture_output=True,
@@ -75,7 +82,7 @@ def rlpulse(*args: str, expect: int = 0) -> str:
         timeout=120,
         check=False,
         cwd=REPO,
-        env={**os.environ, "COLUMNS": "250"},
+        env={**environment, "COLUMNS": "250"},
     )
     assert done.returncode == expect, (
         f"rlpulse {args}: {done.returncode}\n{done.stdout}\n{done.stderr}"
@@ -109,14 +116,16 @@ def planned_ids(
 
 
 class LoggedRun:
-    """The scripted run, played once per module, and the archive it left."""
+    """The scripted run, played once per module, and the archives it left."""
 
-    def __init__(self, bootstrap: str, topics: Topics, work: Path) -> None:
+    def __init__(
+        self, bootstrap: str, topics: Topics, work: Path, archives: dict[str, ArchiveLocation]
+    ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
         self.work = work
         self.run_id = f"logs-{uuid.uuid4().hex[:8]}"
-        self.root = work / "archive"
+        self.archives = archives
         self.log_dir = work / "logs"
         self.phase_ends: list[int] = []
         self.pids: dict[tuple[int, int], int] = {}
@@ -148,49 +157,66 @@ class LoggedRun:
             self.phase_ends.append(time.time_ns())
             time.sleep(0.05)
 
-    def count(self, sql: str) -> int:
-        con = open_archive(str(self.root), self.topics)
-        try:
-            _, rows = run_sql(con, sql, [self.run_id])
-        finally:
-            con.close()
-        return int(rows[0][0])
+    def count(self, sql: str, archive: ArchiveLocation) -> int:
+        return int(self.rows(sql, archive)[0][0])
 
-    def rows(self, sql: str) -> list[tuple[Any, ...]]:
-        con = open_archive(str(self.root), self.topics)
+    def counts(self, sql: str) -> set[int]:
+        """The answers of every archive."""
+        return {self.count(sql, archive) for archive in self.archives.values()}
+
+    def rows(self, sql: str, archive: ArchiveLocation) -> list[tuple[Any, ...]]:
+        con = archive.open(self.topics)
         try:
             _, rows = run_sql(con, sql, [self.run_id])
         finally:
             con.close()
         return rows
 
-    def archive_args(self) -> list[str]:
-        return ["--archive", str(self.root), "--prefix", self.topics.prefix]
+    def archive_args(self, archive: ArchiveLocation) -> list[str]:
+        return ["--archive", archive.root, "--prefix", self.topics.prefix]
 
 
 @pytest.fixture(scope="module")
-def logged_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> LoggedRun:
+def logged_run(
+    kafka_bootstrap: str, s3proxy: S3Proxy, tmp_path_factory: pytest.TempPathFactory
+) -> LoggedRun:
     from rlpulse.transport.topics import ensure_topics
     from tests.kafka import settings_at
 
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
     ensure_topics(settings_at(kafka_bootstrap), topics, partitions=3)
     work = tmp_path_factory.mktemp("logged-run")
-    run = LoggedRun(kafka_bootstrap, topics, work)
-    archiver = ArchiverProcess(
-        kafka_bootstrap,
-        topics.prefix,
-        run.root,
-        work / "archiver.log",
-        {"archive.roll_s": 1, "archive.audit_delay_s": 1},
-    )
+    archives = {
+        "local": ArchiveLocation.local(work / "archive"),
+        "s3": ArchiveLocation.on_s3(s3proxy),
+    }
+    run = LoggedRun(kafka_bootstrap, topics, work, archives)
+    archivers = [
+        ArchiverProcess(
+            kafka_bootstrap,
+            topics.prefix,
+            archive.root,
+            work / f"archiver-{kind}.log",
+            archive.child_settings(
+                **{
+                    "archive.roll_s": 1,
+                    "archive.audit_delay_s": 1,
+                    "archive.group_id": f"{topics.prefix}-archive-{kind}",  # each its own copy
+                }
+            ),
+        )
+        for kind, archive in archives.items()
+    ]
     worker = WorkerProcess(
         kafka_bootstrap, topics.prefix, work / "worker.log", rules="seed", partitions=3
     )
     control = ControlClient(
         run.run_id, settings=Settings(bootstrap=kafka_bootstrap, prefix=topics.prefix)
     )
-    with archiver, worker:
+    with contextlib.ExitStack() as running:
+        for archiver in archivers:
+            running.enter_context(archiver)
+        running.enter_context(worker)
         worker.wait_consuming()
         run.play()
         commands: list[Any] = []
@@ -206,43 +232,53 @@ def logged_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -
         expected_logs = RANKS * sum(len(planned(0, s)) for s in range(30))  # same on every rank
         wait_for(
             lambda: (
-                run.count("SELECT count(*) FROM logs WHERE run_id = ? AND logger = 'trainer'")
-                == expected_logs
+                run.counts("SELECT count(*) FROM logs WHERE run_id = ? AND logger = 'trainer'")
+                == {expected_logs}
             ),
-            "the trainer's log records in the archive",
+            "the trainer's log records in the archives",
         )
         wait_for(
             lambda: (
-                run.count(
+                run.counts(
                     "SELECT count(*) FROM logs WHERE run_id = ? AND message LIKE 'chatty warning%'"
                 )
-                == RANKS * 30
+                == {RANKS * 30}
             ),
-            "the chatty warnings in the archive",
+            "the chatty warnings in the archives",
         )
         wait_for(
-            lambda: run.count("SELECT count(DISTINCT step) FROM steps WHERE run_id = ?") == 30,
-            "30 step summaries in the archive",
+            lambda: run.counts("SELECT count(DISTINCT step) FROM steps WHERE run_id = ?") == {30},
+            "30 step summaries in the archives",
         )
         wait_for(
-            lambda: run.count("SELECT count(*) FROM acks WHERE run_id = ?") == 1,
-            "the ack in the archive",
+            lambda: run.counts("SELECT count(*) FROM acks WHERE run_id = ?") == {1},
+            "the ack in the archives",
         )
-        wait_for(
-            lambda: run.count("SELECT count(*) FROM audits WHERE run_id = ?") >= 1,
-            "the archiver's audit of the run",
+        wait_for(  # each archiver audits the run in its archive and publishes it
+            lambda: run.counts("SELECT count(*) FROM audits WHERE run_id = ?") == {2},
+            "both archivers' audits of the run",
         )
-    assert archiver.process is not None and archiver.process.returncode == 0, archiver.log_text()
+    for archiver in archivers:
+        assert archiver.process is not None, archiver.log_text()
+        assert archiver.process.returncode == 0, archiver.log_text()
     return run
 
 
-def test_diagnose_a_time_window_a_level_and_a_host(logged_run: LoggedRun, tmp_path: Path) -> None:
+@pytest.fixture(params=KINDS)
+def archive(request: pytest.FixtureRequest, logged_run: LoggedRun) -> ArchiveLocation:
+    """One of the run's archives: the local directory, then the s3:// root."""
+    return logged_run.archives[request.param]
+
+
+def test_diagnose_a_time_window_a_level_and_a_host(
+    logged_run: LoggedRun, archive: ArchiveLocation, tmp_path: Path
+) -> None:
     start, end = logged_run.phase_ends[0], logged_run.phase_ends[1]
     output = tmp_path / "error_analysis.csv"
     printed = rlpulse(
-        "diagnose", *logged_run.archive_args(),
+        "diagnose", *logged_run.archive_args(archive),
         "--start_time", naive_utc(start), "--end_time", naive_utc(end), "--tz", "UTC",
-        "--level", "ERROR", "--host", "node-b", "--output", str(output),
+        "--level", "ERROR", "--host", "node-b", "--output", str(output), archive=archive,
     )  # fmt: skip
     want = planned_ids(range(10, 20), (2, 3), lambda p: p.level in ("ERROR", "CRITICAL"))
     assert csv_ids(output) == want
@@ -256,34 +292,46 @@ def test_diagnose_a_time_window_a_level_and_a_host(logged_run: LoggedRun, tmp_pa
     assert all(row["time"].endswith("Z") and row["host_ip"] for row in rows)
 
 
-def test_diagnose_reads_the_local_files_the_same(logged_run: LoggedRun, tmp_path: Path) -> None:
+def test_diagnose_reads_the_local_files_the_same(
+    logged_run: LoggedRun, archive: ArchiveLocation, tmp_path: Path
+) -> None:
     start, end = logged_run.phase_ends[0], logged_run.phase_ends[1]
     from_files, from_archive = tmp_path / "files.csv", tmp_path / "archive.csv"
     window = ["--start-time", iso(start), "--end-time", iso(end), "--level", "WARN"]
     rlpulse("diagnose", "--log_dir", str(logged_run.log_dir), *window, "--output", str(from_files))
-    rlpulse("diagnose", *logged_run.archive_args(), *window, "--output", str(from_archive))
+    rlpulse(
+        "diagnose",
+        *logged_run.archive_args(archive),
+        *window,
+        "--output",
+        str(from_archive),
+        archive=archive,
+    )
     assert csv_ids(from_files) == csv_ids(from_archive)
     want = planned_ids(range(10, 20), range(RANKS), lambda p: p.level not in ("DEBUG", "INFO"))
     warnings = {f"{rank}/{step}/300" for rank in range(RANKS) for step in range(10, 20)}
     assert csv_ids(from_files) == want | warnings
 
 
-def test_diagnose_a_trace_a_pid_and_a_pattern(logged_run: LoggedRun, tmp_path: Path) -> None:
+def test_diagnose_a_trace_a_pid_and_a_pattern(
+    logged_run: LoggedRun, archive: ArchiveLocation, tmp_path: Path
+) -> None:
     traced = tmp_path / "traced.csv"
     rlpulse(
         "diagnose",
-        *logged_run.archive_args(),
+        *logged_run.archive_args(archive),
         "--trace-id",
         "trace-step-12",
         "--output",
         str(traced),
+        archive=archive,
     )
     assert csv_ids(traced) == planned_ids([12], range(RANKS))  # every level, every rank and host
 
     inherited = tmp_path / "inherited.csv"
     rlpulse(
-        "diagnose", *logged_run.archive_args(), "--trace_id", ENV_TRACE, "--level", "WARNING",
-        "--output", str(inherited),
+        "diagnose", *logged_run.archive_args(archive), "--trace_id", ENV_TRACE,
+        "--level", "WARNING", "--output", str(inherited), archive=archive,
     )  # fmt: skip
     third = [s for s in range(20, 30) if s % 3 != 0]  # the others carry their own trace id
     want = planned_ids(third, range(RANKS), lambda p: p.level not in ("DEBUG", "INFO"))
@@ -293,24 +341,40 @@ def test_diagnose_a_trace_a_pid_and_a_pattern(logged_run: LoggedRun, tmp_path: P
     by_pid = tmp_path / "pid.csv"
     pid = logged_run.pids[(1, 2)]
     rlpulse(
-        "diagnose", *logged_run.archive_args(), "--pid", str(pid), "--grep", "^step ",
-        "--output", str(by_pid),
+        "diagnose", *logged_run.archive_args(archive), "--pid", str(pid), "--grep", "^step ",
+        "--output", str(by_pid), archive=archive,
     )  # fmt: skip
     assert csv_ids(by_pid) == planned_ids(range(10, 20), [2])
 
 
-def test_query_answers_the_seed_reward_question(logged_run: LoggedRun) -> None:
-    printed = rlpulse("query", *logged_run.archive_args(), "--format", "json", SEED_QUERY)
+def test_query_answers_the_seed_reward_question(
+    logged_run: LoggedRun, archive: ArchiveLocation
+) -> None:
+    printed = rlpulse(
+        "query", *logged_run.archive_args(archive), "--format", "json", SEED_QUERY, archive=archive
+    )
     rows = [json.loads(line) for line in printed.splitlines()]
     low = sum(1 for step in range(30) if reward(step) < 0.1)
     assert rows == [{"run_id": logged_run.run_id, "share_low_reward": low / 30, "steps": 30}]
-    table = rlpulse("query", *logged_run.archive_args(), "SELECT count(*) AS n FROM events")
+    table = rlpulse(
+        "query",
+        *logged_run.archive_args(archive),
+        "SELECT count(*) AS n FROM events",
+        archive=archive,
+    )
     assert str(RANKS * 30 + 2) in table  # every rank's metrics, run_start and run_end
 
 
-def test_show_prints_the_whole_context_of_a_step(logged_run: LoggedRun) -> None:
+def test_show_prints_the_whole_context_of_a_step(
+    logged_run: LoggedRun, archive: ArchiveLocation
+) -> None:
     printed = rlpulse(
-        "show", logged_run.run_id, "--step", str(SPIKE_STEP), *logged_run.archive_args()
+        "show",
+        logged_run.run_id,
+        "--step",
+        str(SPIKE_STEP),
+        *logged_run.archive_args(archive),
+        archive=archive,
     )
     assert f"run {logged_run.run_id}, step {SPIKE_STEP}" in printed
     assert "summary stage rollout revision 1: 4/4 ranks, missing none" in printed
@@ -322,48 +386,58 @@ def test_show_prints_the_whole_context_of_a_step(logged_run: LoggedRun) -> None:
     assert "applied" in printed  # and its ack
 
 
-def test_sampling_keeps_warnings_a_tenth_of_info_and_whole_traces(logged_run: LoggedRun) -> None:
+def test_sampling_keeps_warnings_a_tenth_of_info_and_whole_traces(
+    logged_run: LoggedRun, archive: ArchiveLocation
+) -> None:
     chatty = "run_id = ? AND logger = 'trainer.chatty'"
     assert (
-        logged_run.count(f"SELECT count(*) FROM logs WHERE {chatty} AND levelno >= 30")
+        logged_run.count(f"SELECT count(*) FROM logs WHERE {chatty} AND levelno >= 30", archive)
         == RANKS * 30
     )
     untraced = logged_run.count(
         f"SELECT count(*) FROM logs WHERE {chatty} AND message LIKE 'chatty %' "
-        "AND levelno = 20 AND step < 20"
+        "AND levelno = 20 AND step < 20",
+        archive,
     )
     emitted = RANKS * 20 * CHATTY_PER_STEP
     assert 0.06 * emitted <= untraced <= 0.14 * emitted, untraced  # 10 %, 5 sigma either side
     for trace in chatty_traces():
         found = logged_run.count(
-            f"SELECT count(*) FROM logs WHERE {chatty} AND trace_id = '{trace}'"
+            f"SELECT count(*) FROM logs WHERE {chatty} AND trace_id = '{trace}'", archive
         )
         assert found == (RANKS * 30 if keeps_trace(trace, 0.1) else 0), trace
     inherited = logged_run.count(
         f"SELECT count(*) FROM logs WHERE {chatty} AND message LIKE 'chatty %' AND levelno = 20 "
-        "AND step >= 20"
+        "AND step >= 20",
+        archive,
     )
     assert inherited == (RANKS * 10 * CHATTY_PER_STEP if keeps_trace(ENV_TRACE, 0.1) else 0)
     # Every process's last record carries what its filter dropped: the totals add up.
     rows = logged_run.rows(
         f"SELECT producer_id, count(*) FILTER (WHERE levelno = 20), "
         f"arg_max(sampled_out['INFO'], seq), min(step), max(step) FROM logs WHERE {chatty} "
-        "GROUP BY producer_id"
+        "GROUP BY producer_id",
+        archive,
     )
     assert len(rows) == RANKS * len(PHASES)
     for _producer, kept, dropped, first, last in rows:
         assert kept + (dropped or 0) == (last - first + 1) * (CHATTY_PER_STEP + TRACES)
     rates = logged_run.rows(
-        f"SELECT DISTINCT levelno, sample_rate FROM logs WHERE {chatty} ORDER BY levelno"
+        f"SELECT DISTINCT levelno, sample_rate FROM logs WHERE {chatty} ORDER BY levelno", archive
     )
     assert rates == [(20, 0.1), (30, 1.0)]
 
 
-def test_audit_is_clean_and_the_archiver_published_it(logged_run: LoggedRun) -> None:
-    printed = rlpulse("audit", "--run", logged_run.run_id, *logged_run.archive_args())
+def test_audit_is_clean_and_the_archiver_published_it(
+    logged_run: LoggedRun, archive: ArchiveLocation
+) -> None:
+    printed = rlpulse(
+        "audit", "--run", logged_run.run_id, *logged_run.archive_args(archive), archive=archive
+    )
     assert "0 lost, 0 duplicates" in printed
     ((ok, lost, producers),) = logged_run.rows(
-        "SELECT ok, lost, producers FROM audits WHERE run_id = ? ORDER BY audited_ns DESC LIMIT 1"
+        "SELECT ok, lost, producers FROM audits WHERE run_id = ? ORDER BY audited_ns DESC LIMIT 1",
+        archive,
     )
     assert (ok, lost, producers) == (True, 0, RANKS * len(PHASES))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -305,3 +306,30 @@ def test_a_log_batch_is_one_row_per_record_and_old_single_records_still_read(
         ("p-new", 4, "m4", "t4", host, 8),
         ("p-new", 6, "m6", "t6", host, 8),
     ]
+
+
+def test_readers_read_only_archive_files(tmp_path: Path) -> None:
+    """Strays beside the files (an object store's directory markers, notes) are never read."""
+    store = ArchiveStore(str(tmp_path))
+    table = tables()["events"]
+    flush(store, buffered(table, 0, events(0, 1, 2)))
+    (run_dir,) = (tmp_path / table.topic).glob("date=*/run=*")
+    (run_dir / "README.txt").write_text("not Parquet")
+    (run_dir.parent / "run=empty").mkdir()
+    (tmp_path / table.topic / "date=2020-01-01").mkdir()  # a prefix retention emptied
+    _, rows = query_archive(str(tmp_path), TOPICS, "SELECT seq, run FROM events ORDER BY seq")
+    assert rows == [(0, "run-1"), (1, "run-1"), (2, "run-1")]
+
+
+def test_an_unreachable_object_store_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    port = closed.getsockname()[1]
+    monkeypatch.setenv("RLPULSE_ARCHIVE__S3_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("RLPULSE_ARCHIVE__S3_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("RLPULSE_ARCHIVE__S3_SECRET_ACCESS_KEY", "secret")
+    with closed:
+        outcome = cli("query", "SELECT 1", "--archive", "s3://bucket/rlpulse")
+    assert outcome.exit_code == 1, outcome.output
+    assert "cannot reach the archive at s3://bucket/rlpulse" in " ".join(outcome.output.split())
+    assert outcome.exception is None or isinstance(outcome.exception, SystemExit)

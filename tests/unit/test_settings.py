@@ -266,3 +266,64 @@ def test_masked_lists_every_setting_once() -> None:
     flat = masked(Settings())
     assert "worker.grace_s" in flat and "producer.linger_ms" in flat and "bootstrap" in flat
     assert set(flat) == set(explain())
+
+
+def test_s3_settings_take_the_secret_from_the_environment_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLPULSE_ARCHIVE__ROOT", "s3://bucket/rlpulse")
+    monkeypatch.setenv("RLPULSE_ARCHIVE__S3_ENDPOINT", "http://127.0.0.1:9000/")
+    monkeypatch.setenv("RLPULSE_ARCHIVE__S3_ACCESS_KEY_ID", "minio")
+    monkeypatch.setenv("RLPULSE_ARCHIVE__S3_SECRET_ACCESS_KEY", "from-the-environment")
+    archive = load_settings().archive
+    assert (archive.s3_endpoint, archive.s3_secret()) == (
+        "http://127.0.0.1:9000",
+        "from-the-environment",
+    )
+    assert masked(load_settings())["archive.s3_secret_access_key"] == "********"
+    with pytest.raises(SettingsError, match="RLPULSE_ARCHIVE__S3_SECRET_ACCESS_KEY"):
+        load_settings({"archive.s3_secret_access_key": "on-the-command-line"})
+    config = write_config(tmp_path / "c.yaml", "archive: {s3_secret_access_key: in-a-file}\n")
+    with pytest.raises(SettingsError, match="a secret is never written there"):
+        load_settings(config_file=config)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("from-its-file\n")
+    monkeypatch.delenv("RLPULSE_ARCHIVE__S3_SECRET_ACCESS_KEY")
+    with_file = load_settings({"archive.s3_secret_access_key_file": str(secret_file)}).archive
+    assert with_file.s3_secret() == "from-its-file"
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        ({"archive.s3_access_key_id": "id"}, "s3_access_key_id needs its secret"),
+        ({"archive.s3_secret_access_key_file": "/k"}, "without s3_access_key_id"),
+        ({"archive.s3_endpoint": "127.0.0.1:9000"}, "must be a URL with a scheme"),
+        ({"archive.s3_endpoint": "http://minio:9000/bucket"}, "and no path"),
+    ],
+)
+def test_incomplete_s3_settings_are_refused(flags: dict[str, str], problem: str) -> None:
+    with pytest.raises(SettingsError, match=problem):
+        load_settings(flags)
+
+
+def test_opensearch_url_is_the_setting_else_the_local_node_else_the_search_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+
+    from rlpulse.local.opensearch import SearchRecord, search_url
+
+    assert search_url(Settings()) == "http://127.0.0.1:9200"
+    monkeypatch.setenv("RLPULSE_SEARCH__PORT", "9201")
+    assert search_url(Settings()) == "http://127.0.0.1:9201"
+    record = SearchRecord(
+        pid=os.getpid(), url="http://127.0.0.1:39200", http_port=39200, transport_port=39300,
+        version="2.19.6", heap="512m", log_file="x", started_ns=0,
+    )  # fmt: skip
+    record.write(Settings().home / "search")
+    assert search_url(Settings()) == "http://127.0.0.1:39200"
+    monkeypatch.setenv("RLPULSE_OPENSEARCH_URL", " https://search.example:9200/ ")
+    assert search_url(Settings()) == "https://search.example:9200"
+    monkeypatch.setenv("RLPULSE_OPENSEARCH_URL", "")
+    assert Settings().opensearch_url is None

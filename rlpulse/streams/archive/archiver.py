@@ -121,7 +121,7 @@ class Archiver:
         self.topics = Topics(settings.prefix)
         self.codec = default_codec()
         self.tables = tables_of(self.topics, self.codec)
-        self.store = ArchiveStore(settings.archive_root)
+        self.store = ArchiveStore(settings.archive_root, settings.archive)
         self.counts = ArchiverCounts()
         self._by_topic: dict[str, Table] = {table.topic: table for table in self.tables.values()}
         self._events = self.topics.events
@@ -412,7 +412,9 @@ class Archiver:
         ]
 
     def _audit(self, run_id: str, behind: list[str], silent_s: float | None) -> None:
-        con = open_archive(self.settings.archive_root, self.topics, self.codec)
+        con = open_archive(
+            self.settings.archive_root, self.topics, self.codec, self.settings.archive
+        )
         try:
             (audit,) = audit_runs(con, run_id)
         finally:

@@ -9,8 +9,10 @@ UTC ``TIMESTAMP`` (``timestamp_ns``, ``emitted_ns``, ...). The session time zone
 ``time > now() - INTERVAL 1 HOUR`` means what it says.
 
 Each view is a pyarrow dataset registered with DuckDB, so local directories and any
-pyarrow filesystem read the same way, and filters on ``run``, ``date`` and the columns'
-statistics reach the scan. Files are discovered when the connection is opened.
+pyarrow filesystem read the same way (DuckDB needs no extension for S3), and filters on
+``run``, ``date`` and the columns' statistics reach the scan. Files are discovered when the
+connection is opened: the archive files that :class:`ArchiveStore` lists by name (an object
+store's zero-byte directory markers and other strays are never read).
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from typing import Any, Final
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.topics import Topics
+from rlpulse.settings import ArchiveSettings
 from rlpulse.streams.archive.exceptions import ArchiveError, QueryError
 from rlpulse.streams.archive.store import ArchiveStore
 from rlpulse.streams.archive.tables import PARTITION_COLUMNS, Table, tables_of
@@ -39,37 +41,54 @@ __all__ = [
 ]
 
 VIEWS: Final = ("events", "logs", "steps", "commands", "acks", "audits", "dead_letters")
+_VANISHED: Final = ("No such file", "NO_SUCH_KEY")
+"""What a read of a file deleted after the listing fails with: locally, on S3."""
 _HIVE: Final = ds.partitioning(pa.schema(list(PARTITION_COLUMNS)), flavor="hive")
 
 
 def _dataset(store: ArchiveStore, table: Table) -> ds.Dataset | pa.Table:
     schema = pa.schema([*table.schema, *PARTITION_COLUMNS])
-    directory = store.path(table.topic)
-    if store.fs.get_file_info(directory).type != pafs.FileType.Directory:
+    paths = sorted(path for path, _name in store.files(table.topic))
+    if not paths:
         return schema.empty_table()
-    return ds.dataset(
-        directory, filesystem=store.fs, format="parquet", partitioning=_HIVE, schema=schema
-    )
+    try:
+        return ds.dataset(
+            paths,
+            filesystem=store.fs,
+            format="parquet",
+            partitioning=_HIVE,
+            partition_base_dir=store.path(table.topic),
+            schema=schema,
+        )
+    except OSError as exc:
+        raise ArchiveError(f"cannot read the archive at {store.root}: {exc}") from exc
 
 
 def _time(column: str) -> str:
     return f"make_timestamp({column} // 1000) AS time"
 
 
-def require_archive(root: str) -> None:
+def require_archive(root: str, options: ArchiveSettings | None = None) -> None:
     """Raise :class:`ArchiveError` unless an archive directory is at ``root``.
 
-    Readers call it: a mistyped root would otherwise read as an empty archive.
+    Readers call it: a mistyped root would otherwise read as an empty archive. ``options``:
+    the ``archive`` settings (an ``s3://`` root's endpoint and credentials).
     """
-    if not ArchiveStore(root).exists():
+    if not ArchiveStore(root, options).exists():
         raise ArchiveError(f"no archive at {root}: no such directory (see --archive, archive.root)")
 
 
 def open_archive(
-    root: str, topics: Topics, codec: Codec | None = None
+    root: str,
+    topics: Topics,
+    codec: Codec | None = None,
+    options: ArchiveSettings | None = None,
 ) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection over the archive at ``root`` for the topics of ``topics``."""
-    store = ArchiveStore(root)
+    """A DuckDB connection over the archive at ``root`` for the topics of ``topics``.
+
+    ``options``: the ``archive`` settings (an ``s3://`` root's endpoint and credentials).
+    """
+    store = ArchiveStore(root, options)
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     tables = tables_of(topics, codec or default_codec())
@@ -124,18 +143,22 @@ def run_sql(
 
 
 def query_archive(
-    root: str, topics: Topics, sql: str, parameters: list[Any] | None = None
+    root: str,
+    topics: Topics,
+    sql: str,
+    parameters: list[Any] | None = None,
+    options: ArchiveSettings | None = None,
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Open the archive, run ``sql``, close; retried once when a file vanished meanwhile.
 
     Retention (or a crash recovery) may delete a file between the listing and the read.
     """
     for attempt in (1, 2):
-        con = open_archive(root, topics)
+        con = open_archive(root, topics, options=options)
         try:
             return run_sql(con, sql, parameters)
         except QueryError as exc:
-            if attempt == 2 or "No such file" not in str(exc):
+            if attempt == 2 or not any(gone in str(exc) for gone in _VANISHED):
                 raise
         finally:
             con.close()

@@ -2,29 +2,72 @@
 
 A local directory (the default) gets crash-safe writes: each file is written under a
 temporary name beginning with ``.`` in its final directory, fsynced, and renamed only
-when every file of its flush is on disk; then the directories are fsynced. A remote
-filesystem (``s3://...``, anything ``pyarrow.fs.FileSystem.from_uri`` accepts) writes
-each object whole on close, so files are written under their final names (not run here:
-this machine has no object store).
+when every file of its flush is on disk; then the directories are fsynced. An object store
+(``s3://bucket/prefix``; any other URI ``pyarrow.fs.FileSystem.from_uri`` accepts) has no
+rename, but an object appears whole when its upload completes, or not at all: files are
+written under their final names, one after the other, and a flush cut short shows as fewer
+than its ``n`` files (:mod:`rlpulse.streams.archive.layout` deletes those on resume).
+
+``s3://`` roots go to AWS S3, or to the S3-compatible server at ``archive.s3_endpoint``
+(:func:`s3_filesystem`); tested against S3Proxy 2.6.0 (:mod:`rlpulse.local.s3proxy`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from rlpulse.settings import ArchiveSettings
 from rlpulse.streams.archive.exceptions import ArchiveError
 from rlpulse.streams.archive.layout import TEMP_PREFIX, FileName
 
-__all__ = ["ArchiveStore", "StagedFile"]
+__all__ = ["CHECKSUM_ENVIRONMENT", "ArchiveStore", "StagedFile", "s3_filesystem"]
+
+CHECKSUM_ENVIRONMENT = {
+    "AWS_REQUEST_CHECKSUM_CALCULATION": "WHEN_REQUIRED",
+    "AWS_RESPONSE_CHECKSUM_VALIDATION": "WHEN_REQUIRED",
+}
+"""What :func:`s3_filesystem` puts in the environment unless it is set there already.
+
+The AWS SDK in pyarrow sends (and checks) flexible checksums on every request by default;
+S3-compatible servers that predate them refuse the uploads (S3Proxy 2.6.0, measured here:
+"XAmzContentSHA256Mismatch"; gaul/s3proxy#795). Asking for checksums only where an operation
+requires them is what AWS SDKs did before 2025, and AWS S3 accepts it.
+"""
+
+
+def s3_filesystem(
+    options: ArchiveSettings, *, bucket: str | None = None, allow_bucket_creation: bool = False
+) -> pafs.S3FileSystem:
+    """The S3 client (pyarrow's) for the endpoint, region and credentials of ``options``.
+
+    Without an endpoint or a region, the region of ``bucket`` is asked of AWS (as
+    ``FileSystem.from_uri`` does). Without an access key id, the AWS default chain supplies
+    the credentials. Sets :data:`CHECKSUM_ENVIRONMENT` where the environment does not.
+    """
+    for name, value in CHECKSUM_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    endpoint = None if options.s3_endpoint is None else urlsplit(options.s3_endpoint)
+    region = options.s3_region
+    if region is None and endpoint is None and bucket:
+        region = pafs.resolve_s3_region(bucket)
+    secret = options.s3_secret()
+    return pafs.S3FileSystem(
+        access_key=options.s3_access_key_id if secret is not None else None,
+        secret_key=secret,
+        region=region,
+        scheme=None if endpoint is None else endpoint.scheme,
+        endpoint_override=None if endpoint is None else endpoint.netloc,
+        allow_bucket_creation=allow_bucket_creation,
+    )
 
 
 @dataclass(frozen=True)
@@ -36,12 +79,20 @@ class StagedFile:
 
 
 class ArchiveStore:
-    """The files under one archive root (a directory or a filesystem URI)."""
+    """The files under one archive root (a directory or a filesystem URI).
 
-    def __init__(self, root: str) -> None:
+    ``options`` (the ``archive`` settings) say where an ``s3://`` root's server is and how to
+    sign in; other roots ignore them.
+    """
+
+    def __init__(self, root: str, options: ArchiveSettings | None = None) -> None:
         self.root = root
         try:
-            if "://" in root:
+            if root.startswith("s3://"):
+                parts = urlsplit(root)
+                self.fs = s3_filesystem(options or ArchiveSettings(), bucket=parts.netloc)
+                base = parts.netloc + parts.path
+            elif "://" in root:
                 self.fs, base = pafs.FileSystem.from_uri(root)
             else:
                 self.fs, base = pafs.LocalFileSystem(), str(Path(root).expanduser().absolute())
@@ -53,7 +104,10 @@ class ArchiveStore:
 
     def exists(self) -> bool:
         """Whether the root is there, as a directory (what the archiver writes into)."""
-        return bool(self.fs.get_file_info(self.base).type == pafs.FileType.Directory)
+        try:
+            return bool(self.fs.get_file_info(self.base).type == pafs.FileType.Directory)
+        except OSError as exc:
+            raise ArchiveError(f"cannot reach the archive at {self.root}: {exc}") from exc
 
     def path(self, relative: str) -> str:
         """The full path of ``relative`` under the root."""
@@ -88,8 +142,11 @@ class ArchiveStore:
         final = self.path(relative)
         directory, _, name = final.rpartition("/")
         if not self.local:
-            with self.fs.open_output_stream(final) as stream:
-                pq.write_table(table, stream, compression=compression)
+            try:
+                with self.fs.open_output_stream(final) as stream:
+                    pq.write_table(table, stream, compression=compression)
+            except OSError as exc:
+                raise ArchiveError(f"cannot write {final}: {exc}") from exc
             return StagedFile(final, final)
         temp = f"{directory}/{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}"
         for _ in range(3):  # a concurrent prune may remove the directory once it is empty
@@ -120,8 +177,12 @@ class ArchiveStore:
         """Delete ``paths`` (already gone is fine), then directories they leave empty."""
         parents = set()
         for path in paths:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self.fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise ArchiveError(f"cannot delete {path}: {exc}") from exc
             parents.add(path.rpartition("/")[0])
         if self.local:
             for directory in sorted(parents, key=len, reverse=True):
