@@ -469,19 +469,20 @@ def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: floa
 
 
 def bench_write_ahead(settings: Settings, work: Path, calls: int) -> None:
-    """(e): the write-ahead log's share of a call: an append alone, and ``log_record()``."""
+    """(e): the write-ahead log's share of a call: an append of a packed record alone (what
+    ``log_record()`` writes), and ``log_record()`` whole."""
     meta = LogMeta(work / "wal-bench", "run", "producer", "e", "l", time.time_ns())
     writer = WalWriter(meta, segment_bytes=64 * 1024 * 1024, max_bytes=1 << 34)
     with EventLogger(f"bench-{uuid.uuid4().hex[:6]}", settings=settings) as events:
         events.log_record("INFO", 20, "trainer", "warm-up")
         source = LogSource("run", 0, 0, {}, "host", "10.0.0.1", os.getpid(), "producer")
         encoder = LogEncoder(source, default_codec(), 100_000)
-        entry = encoder.entry(1, "trainer", "INFO", 20, "trainer", "step 1 loss 0.5", 0, 1)
+        packed = encoder.pack(1, "trainer", "INFO", 20, "trainer", "step 1 loss 0.5", 0, 1)
         clock = time.perf_counter_ns
         appends, records = [], []
         for seq in range(calls):
             start = clock()
-            writer.append(LOG, seq, entry)
+            writer.append(LOG, seq, packed)
             appends.append(clock() - start)
         for step in range(calls):
             start = clock()
@@ -493,7 +494,7 @@ def bench_write_ahead(settings: Settings, work: Path, calls: int) -> None:
         emit(
             name,
             calls=calls,
-            entry_bytes=len(entry),
+            frame_payload_bytes=len(packed),
             p50_us=round(percentile(samples, 50) / 1e3, 2),
             p99_us=round(percentile(samples, 99) / 1e3, 2),
         )

@@ -115,6 +115,10 @@ class EventHandler(logging.Handler):
         """The step of the last dict record; text records without a step get it."""
         self._busy = threading.local()
 
+    def createLock(self) -> None:  # noqa: N802 -- logging.Handler's name
+        """No handler lock: the sink is thread-safe (its own lock orders records by seq)."""
+        self.lock = None
+
     def emit(self, record: logging.LogRecord) -> None:
         """Publish ``record``; trouble goes to ``handleError``, never to the caller."""
         if record.name == _OWN_LOGGERS or record.name.startswith(_OWN_LOGGERS + "."):

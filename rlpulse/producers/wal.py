@@ -24,10 +24,10 @@ Layout, one directory per producer under its run's directory (:func:`run_wal_dir
                                                  disk when made (no SIGBUS on a full disk)
 
 A frame is a header ``<length u32, crc32 u32, kind u8, seq i64>`` and ``length`` bytes of
-payload: a TrainerEvent's single-object encoding (kind 1) or a LogEntry's Avro body
-(kind 2). The payload is written before the header, and the CRC covers the payload, so a
-frame cut by a kill reads as the end of the log. A zero length ends a segment's frames.
-A position is ``segment << 40 | offset``.
+payload: a TrainerEvent's single-object encoding (kind 1) or a packed log record (kind 2,
+:meth:`~rlpulse.producers.log_wire.LogEncoder.pack`). The payload is written before the
+header, and the CRC covers the payload, so a frame cut by a kill reads as the end of the log.
+A zero length ends a segment's frames. A position is ``segment << 40 | offset``.
 
 The log takes at most ``max_bytes`` of disk: when a new segment would pass it, the record
 is not written and counted as dropped (the newest go; what is on disk stays). The sender
@@ -73,7 +73,7 @@ __all__ = [
 EVENT: Final = 1
 """Frame kind: a TrainerEvent, single-object encoded (sent as one message to the events topic)."""
 LOG: Final = 2
-"""Frame kind: a LogEntry's Avro body (sent in LogBatch messages to the logs topic)."""
+"""Frame kind: a packed log record (sent as a LogEntry of a LogBatch to the logs topic)."""
 
 HEADER: Final = struct.Struct("<IIBq")
 SEGMENT_SUFFIX: Final = ".wal"

@@ -43,7 +43,6 @@ def test_byte_identical_to_the_codec(
     codec = default_codec()
     source = LogSource("run-1", 2, 3, tags, "node-7", "10.0.0.7", 4242, "p-1")
     encoder = LogEncoder(source, codec, max_text_bytes=10_000)
-    assert encoder.fast
     arguments = (step, stage, level, levelno, "trainer.x", message, 1_700_000_000_000_000_000, 9)
     options = {"exception": exception, "trace_id": trace_id, "fields": fields,
                "sample_rate": rate, "sampled_out": sampled_out}  # fmt: skip
