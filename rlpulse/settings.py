@@ -544,7 +544,19 @@ class ArchiveSettings(_Section):
         default=3600.0, gt=0, description="How often the archiver enforces the retention."
     )
     compression: Compression = Field(default="zstd", description="Parquet compression.")
-    batch_max: int = Field(default=10_000, ge=1, description="Most messages taken per poll.")
+    batch_max: int = Field(
+        default=1000,
+        ge=1,
+        description=(
+            "Most messages taken per poll (buffers are rolled between polls; a LogBatch "
+            "message holds up to logging.batch_max_bytes of records)."
+        ),
+    )
+    gc_threshold: int = Field(
+        default=20_000,
+        ge=1,
+        description="Allocations between young garbage collections (Python's default: 700).",
+    )
     audit: bool = Field(default=True, description="Audit each run that ended; publish it.")
     audit_delay_s: Seconds = Field(
         default=10.0, ge=0, description="Wait after a run_end before auditing the run."

@@ -44,6 +44,7 @@ it audits the run (:mod:`rlpulse.streams.archive.audit`) and publishes the repor
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -180,6 +181,10 @@ class Archiver:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
+        young = gc.get_threshold()
+        # Decoding makes a few objects per record, none in a cycle: young collections every
+        # 700 allocations would spend the drain's time looking at what is buffered.
+        gc.set_threshold(archive.gc_threshold, *young[1:])
         try:
             while not self._stop.is_set():
                 self._take_all(consumer.consume(archive.batch_max, POLL_S))
@@ -189,6 +194,7 @@ class Archiver:
                 self._audit_silent(now)
                 self._audit_if_due(now)
         finally:
+            gc.set_threshold(*young)
             try:
                 self._flush_all()
             finally:

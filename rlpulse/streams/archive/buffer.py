@@ -1,8 +1,9 @@
 """The records one partition delivered since its last flush, grouped by date and run.
 
-Rows arrive as dicts (every :data:`BATCH_ROWS` rows of a group become one Arrow record
-batch, so a buffer holds compact columns rather than Python objects) or, from a batch
-message, as an Arrow record batch already. :meth:`flush_plan`
+Rows arrive as dicts, or as the :class:`~rlpulse.streams.archive.tables.BatchRows` of a
+batch message; every :data:`BATCH_ROWS` rows of a group become one Arrow record batch,
+built column by column over all of them, so a buffer holds compact columns rather than
+Python objects. :meth:`flush_plan`
 turns the buffer into the files of one flush (see :mod:`rlpulse.streams.archive.layout`).
 """
 
@@ -14,17 +15,29 @@ from typing import Any, Final
 import pyarrow as pa
 
 from rlpulse.streams.archive.layout import FileName, relative_path
-from rlpulse.streams.archive.tables import Rows, Table, day_of, run_partition
+from rlpulse.streams.archive.tables import (
+    BatchColumns,
+    BatchRows,
+    Rows,
+    Table,
+    day_of,
+    run_partition,
+)
 
-__all__ = ["BATCH_ROWS", "PartitionBuffer", "PlannedFile"]
+__all__ = ["BATCH_ENTRIES", "BATCH_ROWS", "PartitionBuffer", "PlannedFile"]
 
 BATCH_ROWS: Final = 4096
+BATCH_ENTRIES: Final = 4096
+"""Batch messages' records gathered (as column lists) before they become an Arrow batch."""
 MS_PER_DAY: Final = 86_400_000
 
 
 @dataclass
 class _Group:
     rows: list[dict[str, Any]] = field(default_factory=list)
+    """Dict rows not yet in :attr:`batches`."""
+    pending: BatchColumns | None = None
+    """Batch messages' rows not yet in :attr:`batches` (never together with :attr:`rows`)."""
     batches: list[pa.RecordBatch] = field(default_factory=list)
     newest_ms: int = -1
 
@@ -69,23 +82,34 @@ class PartitionBuffer:
             group = self._groups[key] = _Group()
         if stamp_ms > group.newest_ms:  # noqa: PLR1730 -- cheaper than max() per row
             group.newest_ms = stamp_ms
-        if isinstance(rows, pa.RecordBatch):
-            self.records += rows.num_rows
-            if group.rows:  # keep the order: the rows before it become a batch first
-                group.batches.append(self._batch(group.rows))
-                group.rows = []
-            group.batches.append(rows)
+        if isinstance(rows, BatchRows):
+            self.records += len(rows.entries)
+            if group.rows:  # keep the order: the rows before these become a batch first
+                self._convert(group)
+            if group.pending is None:
+                group.pending = BatchColumns(self.table.schema)
+            group.pending.add(rows)
+            if group.pending.rows >= BATCH_ENTRIES:
+                self._convert(group)
             return
         self.records += len(rows)
+        if group.pending is not None:
+            self._convert(group)
         group.rows += rows
         if len(group.rows) >= BATCH_ROWS:
-            group.batches.append(self._batch(group.rows))
-            group.rows = []
+            self._convert(group)
 
-    def _batch(self, rows: list[dict[str, Any]]) -> pa.RecordBatch:
-        # pa.array of a struct type converts dicts about ten times faster than from_pylist.
-        columns = pa.array(rows, type=self._struct)
-        return pa.RecordBatch.from_struct_array(columns)
+    def _convert(self, group: _Group) -> None:
+        """Turn what the group holds as Python objects into one Arrow record batch."""
+        if group.pending is not None:
+            if group.pending.rows:
+                group.batches.append(group.pending.record_batch())
+            group.pending = None
+        if group.rows:
+            # pa.array of a struct type converts dicts about ten times faster than from_pylist.
+            columns = pa.array(group.rows, type=self._struct)
+            group.batches.append(pa.RecordBatch.from_struct_array(columns))
+            group.rows = []
 
     def flush_plan(self) -> list[PlannedFile]:
         """The files of this buffer's flush, one per (date, run), in a fixed order."""
@@ -95,9 +119,8 @@ class PartitionBuffer:
         planned = []
         for index, key in enumerate(keys):
             group = self._groups[key]
-            batches = [*group.batches]
-            if group.rows:
-                batches.append(self._batch(group.rows))
+            self._convert(group)
+            batches = group.batches
             name = FileName(
                 self.partition, self.first, self.last, index, len(keys), group.newest_ms
             )

@@ -29,6 +29,7 @@ from functools import cache
 from hashlib import blake2b
 from typing import Any, Final, TypeAlias, cast
 
+import numpy as np
 import pyarrow as pa
 from fastavro import schemaless_reader
 
@@ -39,6 +40,8 @@ from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 __all__ = [
     "KAFKA_COLUMNS",
     "PARTITION_COLUMNS",
+    "BatchColumns",
+    "BatchRows",
     "Rows",
     "Table",
     "arrow_type",
@@ -55,8 +58,72 @@ KAFKA_COLUMNS: Final = (
 )
 PARTITION_COLUMNS: Final = (pa.field("date", pa.string()), pa.field("run", pa.string()))
 """The hive partition columns every table gets from its directories."""
-Rows: TypeAlias = list[dict[str, Any]] | pa.RecordBatch
-"""The rows of one message: dicts, or (for a batch message) an Arrow record batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRows:
+    """The records of one batch message, not yet columns: what they share, and their own fields.
+
+    ``shared`` holds the batch's shared fields and the message's Kafka columns; each entry the
+    fields of one record. :meth:`Table.columns` turns the batch rows of many messages into one
+    Arrow record batch (column by column: a column's values of every record at once).
+    """
+
+    shared: dict[str, Any]
+    entries: list[dict[str, Any]]
+
+
+class BatchColumns:
+    """The rows of batch messages of one table, gathered column by column (see :meth:`add`).
+
+    A record's entry fields go to one list per field as its message is added (its dicts are
+    not kept: holding many decoded records makes decoding the next ones slower); the shared
+    fields are kept once per message. :meth:`record_batch` makes the Arrow record batch.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.rows = 0
+        self._entries: dict[str, list[Any]] = {}
+        self._shared: list[dict[str, Any]] = []
+        self._counts: list[int] = []
+
+    def add(self, rows: BatchRows) -> None:
+        """Take the rows of one batch message."""
+        entries = rows.entries
+        if not entries:
+            return
+        if not self._entries:
+            self._entries = {name: [] for name in entries[0] if name in self.schema.names}
+        for name, values in self._entries.items():
+            values += [entry[name] for entry in entries]
+        self._shared.append(rows.shared)
+        self._counts.append(len(entries))
+        self.rows += len(entries)
+
+    def record_batch(self) -> pa.RecordBatch:
+        """Everything added, as one Arrow record batch in the table's schema.
+
+        An entry field is one column of the gathered values; a shared field (and a Kafka
+        column) is each message's value taken once per record of that message; the decode
+        columns are null.
+        """
+        per_message = pa.array(np.repeat(np.arange(len(self._counts)), self._counts))
+        columns = []
+        for field in self.schema:
+            name = field.name
+            if name in self._entries:
+                columns.append(pa.array(self._entries[name], type=field.type))
+            elif self._shared and name in self._shared[0]:
+                values = [_arrow_value(shared[name]) for shared in self._shared]
+                columns.append(pa.array(values, type=field.type).take(per_message))
+            else:
+                columns.append(pa.nulls(self.rows, type=field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+Rows: TypeAlias = list[dict[str, Any]] | BatchRows
+"""The rows of one message: dicts, or (a batch message's) :class:`BatchRows`."""
 _UNDECODABLE: Final = (pa.field("decode_error", pa.string()), pa.field("raw_value", pa.binary()))
 _TIMESTAMP_TYPES: Final = {0: None, 1: "create", 2: "log_append"}
 _NS_PER_MS: Final = 1_000_000
@@ -228,7 +295,9 @@ class Table:
             own = first.get(self.time_field) if self.time_field else None
             stamp_ms = own // _NS_PER_MS if isinstance(own, int) and own >= 0 else 0
         if batch is not None:
-            return self._columns(batch, kafka), batch.get("run_id", _text(key)), stamp_ms
+            entries = batch.pop("entries")
+            batch.update(kafka)
+            return BatchRows(batch, entries), batch.get("run_id", _text(key)), stamp_ms
         if self.convert is not None:
             record = self.convert(record)
         record.update(kafka)
@@ -257,28 +326,6 @@ class Table:
         if writer is None or writer.name != self.batch_record:
             return None
         return self._read(codec, data, self.batch_record)
-
-    def _columns(self, batch: dict[str, Any], kafka: dict[str, Any]) -> pa.RecordBatch:
-        """A batch's records as an Arrow record batch, built column by column.
-
-        Entry fields are a column each; the shared fields and the Kafka columns repeat one
-        value; the decode columns are null.
-        """
-        entries: list[dict[str, Any]] = batch["entries"]
-        count = len(entries)
-        columns = []
-        for field in self.schema:
-            name = field.name
-            if entries and name in entries[0]:
-                columns.append(pa.array([entry[name] for entry in entries], type=field.type))
-            elif name in batch or name in kafka:
-                shared = batch[name] if name in batch else kafka[name]
-                if isinstance(shared, dict):
-                    shared = list(shared.items())
-                columns.append(pa.repeat(pa.scalar(shared, type=field.type), count))
-            else:
-                columns.append(pa.nulls(count, type=field.type))
-        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def _read(self, codec: Codec, data: bytes, record: str | None) -> dict[str, Any]:
         header, parsed = _newest(codec, record or "")
@@ -315,6 +362,11 @@ class Table:
             **_kafka(partition, offset, stamp_ms, stamp_type),
         }
         return row, run, stamp_ms if stamp_ms is not None and stamp_ms >= 0 else 0
+
+
+def _arrow_value(value: Any) -> Any:
+    """A map value as pyarrow takes it for a map column (pairs); other values as they are."""
+    return list(value.items()) if isinstance(value, dict) else value
 
 
 def _kafka(
