@@ -419,8 +419,9 @@ def paced_producer(bootstrap: str, prefix: str, rate: float, seconds: float) -> 
     with EventLogger(f"paced-{uuid.uuid4().hex[:6]}", settings=settings) as events:
         start = time.monotonic()
         sent = 0
-        while (now := time.monotonic()) - start < seconds:
-            due = int((now - start) * rate)
+        total = int(rate * seconds)
+        while sent < total:
+            due = min(total, int((time.monotonic() - start) * rate))
             for number in range(sent, due):
                 events.log_record("INFO", 20, "trainer", f"sample {number} reward 0.25")
             sent = due
@@ -484,7 +485,7 @@ def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: floa
 
 
 def bench_write_ahead(settings: Settings, work: Path, calls: int) -> None:
-    """(e): the write-ahead log's share of a call: an append of a packed record alone (what
+    """(e): the write-ahead log's share of a call: an append of a record's entry alone (what
     ``log_record()`` writes), and ``log_record()`` whole."""
     meta = LogMeta(work / "wal-bench", "run", "producer", "e", "l", time.time_ns())
     writer = WalWriter(meta, segment_bytes=64 * 1024 * 1024, max_bytes=1 << 34)
@@ -492,7 +493,7 @@ def bench_write_ahead(settings: Settings, work: Path, calls: int) -> None:
         events.log_record("INFO", 20, "trainer", "warm-up")
         source = LogSource("run", 0, 0, {}, "host", "10.0.0.1", os.getpid(), "producer")
         encoder = LogEncoder(source, default_codec(), 100_000)
-        packed = encoder.pack(1, "trainer", "INFO", 20, "trainer", "step 1 loss 0.5", 0, 1)
+        packed = encoder.entry(1, "trainer", "INFO", 20, "trainer", "step 1 loss 0.5", 0, 1)
         clock = time.perf_counter_ns
         appends, records = [], []
         for seq in range(calls):
@@ -509,7 +510,7 @@ def bench_write_ahead(settings: Settings, work: Path, calls: int) -> None:
         emit(
             name,
             calls=calls,
-            frame_payload_bytes=len(packed),
+            entry_bytes=len(packed),
             p50_us=round(percentile(samples, 50) / 1e3, 2),
             p99_us=round(percentile(samples, 99) / 1e3, 2),
         )

@@ -1,15 +1,17 @@
-"""The log records of one logger on their way out: packed on the caller's thread, batched later.
+"""The hot-path encoder of one logger's text log records, and their batches (``<prefix>.logs``).
 
 Log records travel in :class:`~rlpulse.schemas.records.LogBatch` messages: the fields every
 record of a logger shares (run id, rank, host, pid, producer id, tags) once, then the
-records' own fields as an array of ``LogEntry``. The caller's thread does the least: it
-*packs* a record (:meth:`LogEncoder.pack`: a fixed ``struct`` head and the texts' UTF-8
-bytes, about a microsecond), which is the write-ahead log's frame
-(:mod:`rlpulse.producers.wal`). The sender thread turns packed records into LogEntry bodies
-(:class:`EntryWriter`) and joins them behind the shared head (:meth:`LogEncoder.batch`,
-whose head is the codec's own encoding of a batch without entries). The bodies are
-byte-identical to what the codec writes (a property test checks it); the layout is LogBatch
-v1's, :data:`FAST_FINGERPRINT`, and a logger refuses to start if the newest schema is another.
+records' own fields as an array of ``LogEntry``. A record is encoded once, as its LogEntry's
+Avro body, on the caller's thread: those bytes are the write-ahead log's frame
+(:mod:`rlpulse.producers.wal`) and, unchanged, an item of the batch the sender thread builds
+(:meth:`LogEncoder.batch` joins the shared head, the count and the entries). fastavro's
+``schemaless_writer`` would take over 10 us a record, more than the ``logging`` call around
+it; :meth:`LogEncoder.entry` takes one or two (the stage/level/logger bytes of a record
+repeat, and most records end the same way). Its output is byte-identical to the codec's (a
+property test checks it); the head is the codec's own encoding of a batch without entries.
+The layout is LogBatch v1's, :data:`FAST_FINGERPRINT`: a logger refuses to start if the
+newest LogBatch schema is another.
 
 Messages and tracebacks longer than a record may be are cut (with a note saying how much
 was cut), never refused: a log line that explains a crash must arrive.
@@ -29,7 +31,6 @@ from rlpulse.schemas.records import LogEntry, LogRecord
 
 __all__ = [
     "FAST_FINGERPRINT",
-    "EntryWriter",
     "LogEncoder",
     "LogSource",
     "TimestampVarint",
@@ -127,18 +128,17 @@ class LogSource:
     producer_id: str
 
 
-_PACKED = struct.Struct("<qqqidIIIIIIII")
-"""A packed record's head: seq, time, step, levelno, sample rate, then the byte lengths of
-stage, level, logger, message, exception (+1; 0 means none), trace id (+1), and the Avro
-encodings of fields and sampled_out; the bytes follow in that order."""
+_PLAIN_TAIL = _NULL + _NULL + _END_OF_MAP + _RATE_ONE + _END_OF_MAP
+"""The end of the LogEntry of most records: no exception, no trace id, no fields, rate 1, no
+sampled-out counts."""
 
 
 class LogEncoder:
     """Encodes the log records of one :class:`LogSource`; ``max_text_bytes`` caps text fields.
 
-    On the caller's thread a record is only *packed* (:meth:`pack`: a fixed head and the
-    texts' UTF-8 bytes, what the write-ahead log holds); the sender thread turns packed
-    records into LogEntry bodies (:class:`EntryWriter`) and batches (:meth:`batch`).
+    On the caller's thread a record becomes its LogEntry's Avro body (:meth:`entry`: what the
+    write-ahead log holds); the sender thread joins entries behind the shared head
+    (:meth:`batch`). Not thread-safe: its caller holds the logger's lock.
     """
 
     def __init__(self, source: LogSource, codec: Codec, max_text_bytes: int) -> None:
@@ -154,7 +154,8 @@ class LogEncoder:
         empty = codec.encode("LogBatch", {**self._shared(), "entries": []})
         self.head = empty[:-1]  # without the empty array's terminating count
         """The bytes every batch of this source starts with (header and shared fields)."""
-        self._texts: dict[str, bytes] = {}
+        self._timestamp = TimestampVarint()
+        self._middles: dict[tuple[str, str, int, str], bytes] = {}
 
     def _shared(self) -> dict[str, Any]:
         source = self.source
@@ -169,51 +170,15 @@ class LogEncoder:
             "producer_id": source.producer_id,
         }
 
-    def _utf8(self, text: str) -> bytes:
-        """``text.encode()`` for the few texts that repeat: stage, level and logger names."""
-        found = self._texts.get(text)
+    def _middle(self, stage: str, level: str, levelno: int, logger: str) -> bytes:
+        """Stage, level, levelno and logger, encoded: the few combinations repeat."""
+        key = (stage, level, levelno, logger)
+        found = self._middles.get(key)
         if found is None:
-            found = text.encode()
-            if len(self._texts) < _CACHE_MAX:
-                self._texts[text] = found
+            found = avro_string(stage) + avro_string(level) + zigzag(levelno) + avro_string(logger)
+            if len(self._middles) < _CACHE_MAX:
+                self._middles[key] = found
         return found
-
-    def pack(
-        self,
-        step: int,
-        stage: str,
-        level: str,
-        levelno: int,
-        logger: str,
-        message: str,
-        timestamp_ns: int,
-        seq: int,
-        *,
-        exception: str | None = None,
-        trace_id: str | None = None,
-        fields: Mapping[str, str] | None = None,
-        sample_rate: float = 1.0,
-        sampled_out: Mapping[str, int] | None = None,
-    ) -> bytes:
-        """One record packed for the write-ahead log (text fields cut to fit)."""
-        stage_b, level_b, logger_b = self._utf8(stage), self._utf8(level), self._utf8(logger)
-        message_b = fit_text(message, self.max_text_bytes).encode()
-        exception_b = (
-            b"" if exception is None else fit_text(exception, self.max_text_bytes).encode()
-        )
-        trace_b = b"" if trace_id is None else trace_id.encode()
-        fields_b = _string_map(fields) if fields else b""
-        sampled_b = _long_map(sampled_out) if sampled_out else b""
-        head = _PACKED.pack(
-            seq, timestamp_ns, step, levelno, sample_rate,
-            len(stage_b), len(level_b), len(logger_b), len(message_b),
-            0 if exception is None else len(exception_b) + 1,
-            0 if trace_id is None else len(trace_b) + 1,
-            len(fields_b), len(sampled_b),
-        )  # fmt: skip
-        return b"".join(
-            (head, stage_b, level_b, logger_b, message_b, exception_b, trace_b, fields_b, sampled_b)
-        )
 
     def entry(
         self,
@@ -232,13 +197,37 @@ class LogEncoder:
         sample_rate: float = 1.0,
         sampled_out: Mapping[str, int] | None = None,
     ) -> bytes:
-        """The Avro body of one record's LogEntry (what :meth:`pack` becomes on the wire)."""
-        packed = self.pack(
-            step, stage, level, levelno, logger, message, timestamp_ns, seq,
-            exception=exception, trace_id=trace_id, fields=fields,
-            sample_rate=sample_rate, sampled_out=sampled_out,
-        )  # fmt: skip
-        return EntryWriter().entry(packed)
+        """The Avro body of one record's LogEntry (text fields cut to fit)."""
+        text = fit_text(message, self.max_text_bytes).encode()
+        if exception is None and trace_id is None and not fields and not sampled_out:
+            tail = (
+                _PLAIN_TAIL
+                if sample_rate == 1.0
+                else _NULL + _NULL + _END_OF_MAP + _DOUBLE(sample_rate) + _END_OF_MAP
+            )
+        else:
+            tail = b"".join(
+                (
+                    _NULL
+                    if exception is None
+                    else _SOME + avro_string(fit_text(exception, self.max_text_bytes)),
+                    _NULL if trace_id is None else _SOME + avro_string(trace_id),
+                    _string_map(fields) if fields else _END_OF_MAP,
+                    _RATE_ONE if sample_rate == 1.0 else _DOUBLE(sample_rate),
+                    _long_map(sampled_out) if sampled_out else _END_OF_MAP,
+                )
+            )
+        return b"".join(
+            (
+                zigzag(seq),
+                self._timestamp(timestamp_ns),
+                zigzag(step),
+                self._middle(stage, level, levelno, logger),
+                zigzag(len(text)),
+                text,
+                tail,
+            )
+        )
 
     def batch(self, entries: Sequence[bytes]) -> bytes:
         """One LogBatch message of ``entries`` (LogEntry bodies, in seq order)."""
@@ -278,69 +267,6 @@ class LogEncoder:
             "sampled_out": {str(k): int(v) for k, v in (sampled_out or {}).items()},
         }
         return {**self._shared(), **entry}  # type: ignore[typeddict-item]
-
-
-class EntryWriter:
-    """Turns packed records (:meth:`LogEncoder.pack`) into LogEntry Avro bodies.
-
-    One per sending thread: it remembers the high bits of the last timestamp
-    (:class:`TimestampVarint`).
-    """
-
-    def __init__(self) -> None:
-        self._timestamp = TimestampVarint()
-        self._levels: dict[tuple[bytes, int], bytes] = {}
-
-    def entry(self, packed: bytes) -> bytes:
-        """The LogEntry body of one packed record."""
-        (
-            seq, timestamp_ns, step, levelno, sample_rate,
-            stage_n, level_n, logger_n, message_n, exception_n, trace_n, fields_n, sampled_n,
-        ) = _PACKED.unpack_from(packed)  # fmt: skip
-        at = _PACKED.size
-        stage = packed[at : at + stage_n]
-        at += stage_n
-        level = packed[at : at + level_n]
-        at += level_n
-        logger = packed[at : at + logger_n]
-        at += logger_n
-        message = packed[at : at + message_n]
-        at += message_n
-        exception = _NULL
-        if exception_n:
-            exception = _SOME + zigzag(exception_n - 1) + packed[at : at + exception_n - 1]
-            at += exception_n - 1
-        trace = _NULL
-        if trace_n:
-            trace = _SOME + zigzag(trace_n - 1) + packed[at : at + trace_n - 1]
-            at += trace_n - 1
-        fields = packed[at : at + fields_n] if fields_n else _END_OF_MAP
-        at += fields_n
-        sampled = packed[at : at + sampled_n] if sampled_n else _END_OF_MAP
-        level_bytes = self._levels.get((level, levelno))
-        if level_bytes is None:
-            level_bytes = zigzag(level_n) + level + zigzag(levelno)
-            if len(self._levels) < _CACHE_MAX:
-                self._levels[(level, levelno)] = level_bytes
-        return b"".join(
-            (
-                zigzag(seq),
-                self._timestamp(timestamp_ns),
-                zigzag(step),
-                zigzag(stage_n),
-                stage,
-                level_bytes,
-                zigzag(logger_n),
-                logger,
-                zigzag(message_n),
-                message,
-                exception,
-                trace,
-                fields,
-                _RATE_ONE if sample_rate == 1.0 else _DOUBLE(sample_rate),
-                sampled,
-            )
-        )
 
 
 def batch_body(entries: Sequence[bytes]) -> bytes:

@@ -351,7 +351,7 @@ class EventLogger:
                 raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
             encoder = self._log_encoder or self._new_log_encoder()
             seq = self._seq
-            value = encoder.pack(
+            value = encoder.entry(
                 step, stage, level, levelno, logger, message, timestamp_ns, seq,
                 exception=exception, trace_id=trace_id, fields=fields,
                 sample_rate=sample_rate, sampled_out=sampled_out,

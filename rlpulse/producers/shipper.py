@@ -31,7 +31,7 @@ from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
-from rlpulse.producers.log_wire import EntryWriter, batch_body
+from rlpulse.producers.log_wire import batch_body
 from rlpulse.producers.readback import (
     PRODUCER_HEADER,
     SEQS_HEADER,
@@ -152,7 +152,6 @@ class LogShipper:
         self._check_last = -1
         self._resend_end = -1 if writer is not None else 1 << 62  # a dead producer's: all
         self._head: bytes | None = None
-        self._entries = EntryWriter()
         self._next_probe = 0.0
         self._probe_pause = FIRST_PROBE_PAUSE_S
         self._partitions: dict[str, int] = {}
@@ -258,8 +257,7 @@ class LogShipper:
             self.counts.dropped += len(batch)
             self._done_with(batch[-1], _Sent(batch[-1].end, len(batch), LOG, 0, done=True))
             return True
-        entry = self._entries.entry
-        value = head + batch_body([entry(frame.payload) for frame in batch])
+        value = head + batch_body([frame.payload for frame in batch])
         sent = _Sent(batch[-1].end, len(batch), LOG, len(value))
         return self._produce(producer, value, seqs_header(batch[0].seq, batch[-1].seq), sent)
 

@@ -24,8 +24,8 @@ Layout, one directory per producer under its run's directory (:func:`run_wal_dir
                                                  disk when made (no SIGBUS on a full disk)
 
 A frame is a header ``<length u32, crc32 u32, kind u8, seq i64>`` and ``length`` bytes of
-payload: a TrainerEvent's single-object encoding (kind 1) or a packed log record (kind 2,
-:meth:`~rlpulse.producers.log_wire.LogEncoder.pack`). The payload is written before the
+payload: a TrainerEvent's single-object encoding (kind 1) or a log record's LogEntry body
+(kind 2, :meth:`~rlpulse.producers.log_wire.LogEncoder.entry`). The payload is written before the
 header, and the CRC covers the payload, so a frame cut by a kill reads as the end of the log.
 A zero length ends a segment's frames. A position is ``segment << 40 | offset``.
 
@@ -48,7 +48,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Final, NamedTuple
 
 from rlpulse.settings import Settings
 
@@ -73,7 +73,7 @@ __all__ = [
 EVENT: Final = 1
 """Frame kind: a TrainerEvent, single-object encoded (sent as one message to the events topic)."""
 LOG: Final = 2
-"""Frame kind: a packed log record (sent as a LogEntry of a LogBatch to the logs topic)."""
+"""Frame kind: a LogEntry's Avro body (sent in LogBatch messages to the logs topic)."""
 
 HEADER: Final = struct.Struct("<IIBq")
 SEGMENT_SUFFIX: Final = ".wal"
@@ -123,8 +123,7 @@ def segments(directory: Path) -> list[int]:
     return sorted(found)
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     """One frame read back: where it starts and ends, its kind, seq and payload."""
 
     start: int
@@ -382,9 +381,12 @@ class WalReader:
     def frames(self, start: int, end: int | None = None) -> Iterator[Frame]:
         """The frames from position ``start``, in order, up to ``end`` if given.
 
-        Without ``end`` it stops at the first frame that is not whole in the last segment (the
-        end of a log whose writer died). A missing segment (deleted once delivered) is skipped.
+        With ``end`` (a live writer's, in this process) every frame before it is whole, and
+        CRCs are not checked. Without it, it stops at the first frame that is not whole in
+        the last segment (the end of a log whose writer died). A missing segment (deleted once
+        delivered) is skipped.
         """
+        verify = end is None
         segment, offset = segment_of(start), start & _OFFSET_MASK
         while True:
             data = self._mapped(segment)
@@ -398,10 +400,10 @@ class WalReader:
                     if size == 0 or first + size > limit:
                         break
                     payload = data[first : first + size]
-                    if zlib.crc32(payload) != crc:
+                    if verify and zlib.crc32(payload) != crc:
                         break
-                    yield Frame(position(segment, offset), position(segment, first + size),
-                                kind, seq, payload)  # fmt: skip
+                    base = segment << _OFFSET_BITS
+                    yield Frame(base | offset, base | (first + size), kind, seq, payload)
                     offset = first + size
             if end is not None:
                 if segment >= segment_of(end):

@@ -41,6 +41,10 @@ def zigzag(number: int) -> bytes:
     if -64 <= number < 64:
         return _SMALL[number + 64]
     number = (number << 1) ^ (number >> 63)
+    if number < 0x4000:  # two or three bytes (up to 2**20): no loop
+        return bytes(((number & 0x7F) | 0x80, number >> 7))
+    if number < 0x200000:
+        return bytes(((number & 0x7F) | 0x80, ((number >> 7) & 0x7F) | 0x80, number >> 14))
     out = bytearray()
     while number > 0x7F:
         out.append((number & 0x7F) | 0x80)
