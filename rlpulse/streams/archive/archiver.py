@@ -77,6 +77,8 @@ POLL_S = 0.5
 AUDIT_RECHECK_S = 2.0
 SILENCE_CHECK_S = 1.0
 WATERMARK_TIMEOUT_S = 10.0
+FETCH_MIN_BYTES = 256 * 1024
+FETCH_WAIT_MAX_MS = 200
 METADATA_REFRESH_S = 10.0
 """How soon the consumer finds a subscribed topic that was created after it started."""
 
@@ -170,6 +172,10 @@ class Archiver:
             "enable.partition.eof": False,
             "topic.metadata.refresh.interval.ms": round(METADATA_REFRESH_S * 1000),
             "session.timeout.ms": round(archive.session_timeout_s * 1000),
+            # Fewer, fuller fetches: the broker's work is per request; records wait for a
+            # buffer's roll anyway.
+            "fetch.min.bytes": FETCH_MIN_BYTES,
+            "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
         }
         if archive.instance_id:
             properties["group.instance.id"] = archive.instance_id
