@@ -180,7 +180,7 @@ def bench_call_cost(settings: Settings, work: Path, calls: int) -> None:
 LOADS = {
     # name: (batch rows: sets a step's compute, records per step, target overhead %)
     "seed_like": (256, 100, 3.0),
-    "realistic": (2560, 200, 1.0),
+    "realistic": (12800, 200, 1.0),
 }
 """(b)'s loads: the seed-like one of docs/logs.md, and a realistic one of about a step a
 second (20 metrics each; the step's compute grows with the batch)."""

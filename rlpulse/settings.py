@@ -159,10 +159,11 @@ class ProducerSettings(_Section):
 
     linger_ms: int = Field(default=5, ge=0, description="librdkafka's batching delay.")
     batch_linger_ms: int = Field(
-        default=20,
+        default=250,
         ge=1,
         description=(
-            "How long the sender thread gathers log records into one batch (events go at once)."
+            "How long the sender thread gathers log records into one batch (events go at once, "
+            "with the records gathered so far)."
         ),
     )
     compression: Compression = Field(default="lz4", description="Compression of event batches.")

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from functools import cache, partial
 from types import TracebackType
@@ -42,8 +43,8 @@ from rlpulse.producers.jsonl import EVENT_FIELDS, LOG_KIND
 from rlpulse.producers.log_wire import LogEncoder, LogSource
 from rlpulse.producers.rankfiles import RankFileSink
 from rlpulse.producers.sender import WalSender
-from rlpulse.producers.shipper import ShipperCounts
-from rlpulse.producers.wal import EVENT, LOG, LogMeta, WalWriter, run_wal_dir
+from rlpulse.producers.shipper import HANDOVER_MAX, ShipperCounts
+from rlpulse.producers.wal import EVENT, LOG, Frame, LogMeta, WalWriter, run_wal_dir
 from rlpulse.producers.wire import EventEncoder, EventSource, RefusedEvent
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import EventKind
@@ -170,6 +171,7 @@ class EventLogger:
         self._lock = threading.RLock()
         self._writer: WalWriter | None = None
         self._sender: WalSender | None = None
+        self._handed: deque[Frame] = deque()
         self._at_exit: Callable[[], None] | None = None
         self._counts = ShipperCounts()
         self._not_written = 0
@@ -390,7 +392,11 @@ class EventLogger:
                 "dropped (counted in EventLogger.dropped)", self.run_id, self.wal_dir, exc,
             )  # fmt: skip
             return
-        if not written:
+        if written:
+            handed = self._handed
+            if len(handed) < HANDOVER_MAX:  # else the sender reads them back from the log
+                handed.append(Frame(writer.start, writer.end, kind, seq, payload))
+        else:
             self._not_written += 1
             _warn_refused(
                 "wal-full", "run %s: the write-ahead log %s holds producer.spool_max_bytes "
@@ -574,6 +580,7 @@ class EventLogger:
             label=label,
         )
         self._counts = self._sender.counts
+        self._handed = self._sender.handed
         self._at_exit = partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
 

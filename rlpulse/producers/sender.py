@@ -1,11 +1,12 @@
 """rlpulse's sender thread: one logger's write-ahead log to Kafka, and what dead ones left.
 
 ``log()`` and the logging handler only append to the write-ahead log
-(:mod:`rlpulse.producers.wal`); this thread does the rest, off the training thread. It wakes
-for an event at once (the control loop waits for those), every ``producer.batch_linger_ms``
-while records come, and at once for the first record after a quiet spell; each time it serves
-the producer's delivery reports and lets each log's :class:`~rlpulse.producers.shipper.
-LogShipper` send what is new.
+(:mod:`rlpulse.producers.wal`) and hand the frame over (a deque, so that this thread need not
+read the log back while all goes well); this thread does the rest, off the training thread.
+It wakes for an event at once (the control loop waits for those), every
+``producer.batch_linger_ms`` while records come, and at once for the first record after a
+quiet spell; each time it serves the producer's delivery reports and lets each log's
+:class:`~rlpulse.producers.shipper.LogShipper` send what is new.
 
 It also adopts the logs that dead producers of the same run left on this host — a process
 SIGKILLed, OOM-killed, or closed before the broker took everything — at start and every
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -29,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.producers.shipper import LogShipper, ShipperCounts
-from rlpulse.producers.wal import LogMeta, WalClaim, WalWriter, logs_under
+from rlpulse.producers.wal import Frame, LogMeta, WalClaim, WalWriter, logs_under
 from rlpulse.transport.topics import missing_topic, topic_exists
 
 __all__ = ["WalSender"]
@@ -82,6 +84,11 @@ class WalSender:
         self._warn = WarnOnce(log)
         self._thread = threading.Thread(target=self._run, name=f"rlpulse-{label}", daemon=True)
         self._thread.start()
+
+    @property
+    def handed(self) -> deque[Frame]:
+        """Where the logger hands each frame it appended (the sender need not read it back)."""
+        return self._own.handed
 
     @property
     def counts(self) -> ShipperCounts:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Final
@@ -56,7 +56,7 @@ from rlpulse.producers.wal import (
 from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.topics import missing_topic
 
-__all__ = ["PERMANENT_ERRORS", "LogShipper", "ShipperCounts"]
+__all__ = ["HANDOVER_MAX", "PERMANENT_ERRORS", "LogShipper", "ShipperCounts"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,9 @@ PROBE_TIMEOUT_S: Final = 2.0
 MAX_IN_FLIGHT_BYTES: Final = 64 * 1024 * 1024
 """No more frames are read while this much waits for Kafka's acknowledgement."""
 BATCH_MAX_RECORDS: Final = 10_000
+HANDOVER_MAX: Final = 100_000
+"""Frames waiting in :attr:`LogShipper.handed` beyond which the caller hands no more over
+(the sender reads them from the log instead: memory stays bounded while Kafka is away)."""
 
 PERMANENT_ERRORS: Final = frozenset(
     {
@@ -128,6 +131,9 @@ class LogShipper:
         self.directory = meta.directory
         self.writer = writer
         self.claim = claim
+        self.handed: deque[Frame] = deque()
+        """Frames the live writer's caller hands over as it appends them (see
+        :data:`HANDOVER_MAX`): sent from here without reading the log back."""
         self.counts = ShipperCounts()
         self.acked_frames = 0
         """Frames acknowledged, found on the topics or dropped: done with."""
@@ -203,7 +209,7 @@ class LogShipper:
             return
         batch: list[Frame] = []
         batch_bytes = 0
-        for frame in self._reader.frames(self._read_at, end):
+        for frame in self._frames(end):
             if self._in_flight_bytes >= MAX_IN_FLIGHT_BYTES:
                 break
             if self._check is not None and self._on_topic(frame):
@@ -228,6 +234,27 @@ class LogShipper:
                 self._done_with(frame, _Sent(frame.end, 1, frame.kind, 0, done=True))
         if batch:
             self._produce_logs(producer, batch)
+
+    def _frames(self, end: int | None) -> Iterator[Frame]:
+        """The frames after the read position, in log order.
+
+        Handed-over frames come as they are; the rest (not handed over, or sent again after a
+        failure) are read from the log.
+        """
+        at, handed = self._read_at, self.handed
+        while handed:
+            frame = handed[0]
+            if frame.end <= at:  # sent already (read from the log meanwhile)
+                handed.popleft()
+                continue
+            if frame.start > at:  # frames the caller did not hand over: from the log
+                yield from self._reader.frames(at, frame.start)
+                at = frame.start
+            handed.popleft()
+            yield frame
+            at = frame.end
+        if end is None or at < end:
+            yield from self._reader.frames(at, end)
 
     def _done_with(self, frame: Frame, sent: _Sent) -> None:
         self._queue(sent)

@@ -268,6 +268,8 @@ class WalWriter:
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         self.claim: WalClaim | None = None
+        self.start = 0
+        """The position of the last frame appended."""
         self.end = 0
         """The position after the last complete frame (0: nothing written yet)."""
         self.frames = 0
@@ -293,6 +295,7 @@ class WalWriter:
         data[start : start + len(payload)] = payload
         HEADER.pack_into(data, offset, len(payload), zlib.crc32(payload), kind, seq)
         self._offset = start + len(payload)
+        self.start = position(self._segment, offset)
         self.end = position(self._segment, self._offset)
         self.frames += 1
         return True
