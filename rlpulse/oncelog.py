@@ -6,7 +6,7 @@ of its own that writes WARNING and above to stderr. A trainer that puts an
 :class:`~rlpulse.producers.EventHandler` on the root logger (as docs/logs.md shows) has
 no other handler, so Python's last-resort printer stays silent, and the EventHandler
 ignores rlpulse's own records (they would feed on themselves): without it the warnings
-that say the pipeline is failing -- spooling, refused events, a broker out of reach --
+that say the pipeline is failing -- undeliverable records, refused events, a broker out of reach --
 would reach nobody. Records still propagate to the program's handlers as before; the
 stderr handler stays quiet for a record that a stream handler on stderr up the chain
 prints anyway (``logging.basicConfig``, a worker's or exporter's log set-up), so nothing

@@ -880,7 +880,7 @@ class Settings(BaseSettings):
     )
     home: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "rlpulse",
-        description="Where rlpulse keeps local files: Kafka jars, broker state, spools.",
+        description="Where rlpulse keeps local files: jars, broker state, write-ahead logs.",
     )
     librdkafka: dict[str, ClientValue] = Field(
         default_factory=dict,
@@ -969,7 +969,7 @@ class Settings(BaseSettings):
 
     @property
     def spool_root(self) -> Path:
-        """Where trainers spool the events they cannot deliver (one folder per run)."""
+        """Where trainers keep their write-ahead logs (one folder per run, one per producer)."""
         return self.producer.spool_dir or self.home / "spool"
 
     @property

@@ -327,10 +327,11 @@ class RunLink:
     def close(self, timeout_s: float | None = None, *, end: bool = True) -> int:
         """End the run unless it was ended, close the control client, then the logger.
 
-        Returns the events spooled at close. With ``end`` (the default), rank 0 of a link
-        that logged anything sends ``run_end`` at the last metrics step unless one was
-        sent: the stop's reason after a polled ``stop``, else ``closed``. ``end=False``
-        closes without it. A second call does nothing.
+        Returns the records Kafka had not acknowledged at close (they wait in the write-ahead
+        log). With ``end`` (the default), rank 0 of a link that logged anything sends
+        ``run_end`` at the last metrics step unless one was sent: the stop's reason after a
+        polled ``stop``, else ``closed``. ``end=False`` closes without it. A second call does
+        nothing.
         """
         if end and self.events.logged and not self.events.closed:
             reason = CLOSED if self.stop_command is None else stopped_by(self.stop_command)

@@ -103,7 +103,7 @@ def test_a_dict_without_step_or_stage_takes_the_defaults(
 def test_rlpulse_own_records_are_ignored() -> None:
     sink = Sink()
     handler = EventHandler(sink)
-    for name in ("rlpulse", "rlpulse.producers.delivery"):
+    for name in ("rlpulse", "rlpulse.producers.sender"):
         handler.handle(logging.LogRecord(name, logging.WARNING, __file__, 1, "x", None, None))
     handler.handle(logging.LogRecord("rlpulsex", logging.WARNING, __file__, 1, "y", None, None))
     assert [e["message"] for e in sink.events] == ["y"]
