@@ -12,7 +12,7 @@ from rlpulse.local.child_process import ChildProcess
 from rlpulse.local.exceptions import WorkerProcessError
 from rlpulse.local.group_probe import group_stable, group_stable_in_child
 from rlpulse.settings import Settings, load_settings
-from rlpulse.transport.clients import new_admin
+from rlpulse.transport.clients import new_admin, worker_client_id
 
 __all__ = ["WorkerProcess"]
 
@@ -73,6 +73,11 @@ class WorkerProcess(ChildProcess):
     def wait_consuming(self, timeout_s: float = 60.0) -> None:
         """Block until the worker's consumer group is stable with this worker in it.
 
+        This worker is recognised by its client id
+        (:func:`~rlpulse.transport.clients.worker_client_id`): a worker started beside a killed
+        one would otherwise count the dead member, which stays in the group until its session
+        times out.
+
         On an unsecured cluster of several brokers a child process asks (see
         :mod:`rlpulse.local.group_probe`: librdkafka can abort the asking process there).
         """
@@ -80,6 +85,8 @@ class WorkerProcess(ChildProcess):
         admin = new_admin(watch, "worker watch")
         brokers = len(admin.list_topics(timeout=timeout_s).brokers)
         in_child = brokers > 1 and self.watch_settings is None
+        assert self.process is not None, "wait_consuming before start"
+        client_id = worker_client_id(self.process.pid)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
@@ -87,9 +94,9 @@ class WorkerProcess(ChildProcess):
                     f"worker exited early; its log:\n{tail(self.log_file, 30)}"
                 )
             if in_child:
-                stable = group_stable_in_child(self.bootstrap, self.group_id)
+                stable = group_stable_in_child(self.bootstrap, self.group_id, client_id)
             else:
-                stable = group_stable(admin, self.group_id)
+                stable = group_stable(admin, self.group_id, client_id)
             if stable:
                 return
             time.sleep(0.3)

@@ -507,8 +507,9 @@ class EventLogger:
     def flush(self, timeout_s: float = 10.0) -> int:
         """Wait up to ``timeout_s`` until Kafka acknowledged every record logged so far.
 
-        Returns how many are still waiting (see :attr:`pending`); they are safe in the
-        write-ahead log either way.
+        Returns how many of them are still waiting; they are safe in the write-ahead log either
+        way. Records other threads log meanwhile (system metrics, a log handler) are neither
+        waited for nor counted; :attr:`pending` counts everything.
         """
         if self.local is not None:
             self.local.flush(timeout_s)

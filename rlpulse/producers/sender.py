@@ -108,7 +108,11 @@ class WalSender:
         return self.writer.frames - self._own.acked_frames
 
     def wait_delivered(self, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` until every frame appended so far arrived; the rest."""
+        """Wait up to ``timeout_s`` until every frame appended so far arrived.
+
+        Returns how many of those frames have not arrived; frames appended meanwhile (by
+        another thread: system metrics, a log handler) are not waited for nor counted.
+        """
         target = self.writer.frames
         deadline = time.monotonic() + timeout_s
         self.wake()
@@ -118,7 +122,7 @@ class WalSender:
                 if left <= 0:
                     break
                 self._progress.wait(min(left, 0.05))
-        return self.pending
+        return max(target - self._own.acked_frames, 0)
 
     def close(self, timeout_s: float) -> int:
         """Send for up to ``timeout_s`` more, stop the thread; return the frames left unsent.

@@ -88,7 +88,7 @@ from rlpulse.streams.rulebook import RuleBook
 from rlpulse.streams.state_codec import register_state_codec
 from rlpulse.streams.steady_consumer import use_steady_consumer
 from rlpulse.streams.write_behind import WriteBehind, flush_in_order
-from rlpulse.transport.clients import faust_broker_options
+from rlpulse.transport.clients import faust_broker_options, worker_client_id
 from rlpulse.transport.replication import Replication
 from rlpulse.transport.topics import TopicSpec
 
@@ -121,6 +121,8 @@ def faust_app(settings: Settings, replication: Replication | None = None) -> fau
         "topic_partitions": worker.partitions,
         "topic_allow_declare": True,
         "autodiscover": False,
+        # Names this process among the group's members (rlpulse.local.group_probe looks for it).
+        "broker_client_id": worker_client_id(os.getpid()),
         "web_enabled": worker.web_port > 0,
         "web_host": "127.0.0.1",
         "web_port": worker.web_port or 6066,

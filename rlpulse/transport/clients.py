@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
@@ -341,6 +342,11 @@ def ssl_context(settings: Settings) -> ssl.SSLContext:
         )
     context.check_hostname = security.verify_hostname
     return context
+
+
+def worker_client_id(pid: int) -> str:
+    """The Kafka client id of the worker process ``pid`` on this host (its group member's)."""
+    return f"rlpulse-worker-{socket.gethostname()}-{pid}"
 
 
 def faust_broker_options(settings: Settings) -> dict[str, Any]:

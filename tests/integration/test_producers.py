@@ -151,6 +151,30 @@ def test_logged_events_arrive_decodable_and_in_sequence(
     assert timestamps == sorted(timestamps)
 
 
+def test_flush_counts_what_was_logged_before_it_while_another_thread_logs(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    """A RunLink's system-metrics thread logs while the loop flushes its step: flush returns 0."""
+    with EventLogger("run-busy", settings=settings_for(kafka_bootstrap, topics)) as logger:
+        stop = threading.Event()
+
+        def chatter() -> None:
+            while not stop.is_set():
+                logger.log({"cpu": 1.0}, 0, stage="system")
+                time.sleep(0.001)
+
+        thread = threading.Thread(target=chatter)
+        thread.start()
+        try:
+            for step in range(1, 21):
+                logger.log({"reward_mean": 1.0}, step, stage="rollout")
+                assert logger.flush(WAIT_S) == 0, f"step {step}"
+        finally:
+            stop.set()
+            thread.join()
+        assert logger.flush(WAIT_S) == 0
+
+
 def test_control_client_returns_only_new_commands_of_its_run_attempt(
     kafka_bootstrap: str, topics: Topics, caplog: pytest.LogCaptureFixture
 ) -> None:

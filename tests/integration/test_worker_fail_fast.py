@@ -14,14 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
+from rlpulse.settings import Settings
 from rlpulse.streams.app import EXIT_PUBLISH_FAILED
-from rlpulse.transport.topics import delete_topics, ensure_topics
+from rlpulse.transport.topics import delete_topics, ensure_topics, topic_exists
 from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at
 
@@ -40,6 +42,14 @@ def summaries(bootstrap: str, topics: Topics, steps: set[int]) -> list[StepSumma
         timeout_s=90.0,
         keep=lambda s: s["run_id"] == RUN,
     )
+
+
+def wait_gone(settings: Settings, topic: str, timeout_s: float = 30.0) -> None:
+    probe = Producer({"bootstrap.servers": settings.bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while topic_exists(probe, topic, 5.0) is not False:
+        assert time.monotonic() < deadline, f"{topic} still exists {timeout_s:.0f} s after deletion"
+        time.sleep(0.1)
 
 
 def test_a_failed_publish_ends_the_worker_and_the_restart_publishes_what_never_left(
@@ -63,6 +73,9 @@ def test_a_failed_publish_ends_the_worker_and_the_restart_publishes_what_never_l
         assert {s["step"] for s in summaries(kafka_bootstrap, topics, {1, 2, 3})} == {1, 2, 3}
 
         delete_topics(settings, [topics.steps])
+        # A deleted topic's partitions go some milliseconds after the deletion is accepted; a
+        # summary the broker took in that window would be lost with the topic, not refused.
+        wait_gone(settings, topics.steps)
         for step in (4, 5):
             logger.log({"reward_mean": 1.0}, step, "rollout")
         assert logger.flush(30.0) == 0
