@@ -61,6 +61,7 @@ __all__ = [
     "CommandLimits",
     "EventLimits",
     "ExporterSettings",
+    "IndexSettings",
     "JoinerSettings",
     "LoggingSettings",
     "ProducerSettings",
@@ -659,6 +660,52 @@ class SearchSettings(_Section):
     )
 
 
+class IndexSettings(_Section):
+    """``rlpulse index``: log records and step summaries into OpenSearch or Elasticsearch.
+
+    Documents go to daily indices named by the record's own UTC date,
+    ``<index_prefix>-logs-YYYY.MM.DD`` and ``<index_prefix>-steps-YYYY.MM.DD``.
+    """
+
+    group_id: str | None = Field(
+        default=None, description="The indexers' consumer group; unset: <prefix>-index."
+    )
+    index_prefix: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9._-]*$",
+        description="Indices are named <index_prefix>-logs-<date>; unset: the topic prefix.",
+    )
+    bulk_max_docs: int = Field(
+        default=5000, ge=1, description="Most documents in one _bulk request."
+    )
+    bulk_max_bytes: ByteSize = Field(
+        default=ByteSize(5 * 10**6), ge=1024, description="Largest _bulk request body."
+    )
+    bulk_max_wait_s: Seconds = Field(
+        default=1.0,
+        gt=0,
+        description="A _bulk request is sent when its oldest document waited this long.",
+    )
+    retry_max_s: Seconds = Field(
+        default=30.0,
+        gt=0,
+        description="Longest pause between tries while the search engine refuses or is away.",
+    )
+    request_timeout_s: Seconds = Field(
+        default=60.0, gt=0, description="How long one _bulk request may take."
+    )
+    session_timeout_s: Seconds = Field(
+        default=45.0, ge=6, description="How long the group waits for a silent indexer."
+    )
+    startup_timeout_s: Seconds = Field(
+        default=120.0, gt=0, description="How long start-up waits for Kafka and the search engine."
+    )
+    shards: int = Field(default=1, ge=1, description="Primary shards of each daily index.")
+    replicas: int | None = Field(
+        default=None, ge=0, description="Replicas of each daily index; unset: the cluster's."
+    )
+
+
 class CommandLimits(_Section):
     """What a trainer accepts in a ControlCommand; a command beyond these is acked ``rejected``.
 
@@ -894,6 +941,7 @@ class Settings(BaseSettings):
     logging: LoggingSettings = LoggingSettings()
     archive: ArchiveSettings = ArchiveSettings()
     search: SearchSettings = SearchSettings()
+    index: IndexSettings = IndexSettings()
     commands: CommandLimits = CommandLimits()
     security: SecuritySettings = SecuritySettings()
 
@@ -966,6 +1014,16 @@ class Settings(BaseSettings):
     def archive_group(self) -> str:
         """The archivers' Kafka consumer group."""
         return self.archive.group_id or f"{self.prefix}-archive"
+
+    @property
+    def index_group(self) -> str:
+        """The indexers' Kafka consumer group."""
+        return self.index.group_id or f"{self.prefix}-index"
+
+    @property
+    def index_prefix(self) -> str:
+        """The start of every index name ``rlpulse index`` writes (lower case, as indices are)."""
+        return self.index.index_prefix or self.prefix.lower()
 
     @property
     def spool_root(self) -> Path:

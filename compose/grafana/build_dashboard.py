@@ -9,7 +9,14 @@ tests/unit/test_dashboard.py fails when the committed JSON differs from a fresh 
 tests/integration/test_dashboard_prometheus.py runs every panel's PromQL against a real
 Prometheus. Variables: ``$datasource``, ``$namespace`` (the exporter's ``--namespace``,
 default ``verl`` as in the compose stack), ``$run`` (one run) and ``$stage`` (any of its
-stages).
+stages); ``$search`` (OpenSearch Dashboards' or Kibana's address) and ``$index_prefix``
+(``rlpulse index``'s) for the drill-down links.
+
+Drill-down: each panel of per-step metrics has a hidden query ``S``, the run's step, joined
+with its other series by time, so that a point's row holds the step it shows
+(``${__data.fields.step}``); its data links open Discover on that run's and step's log
+records (index pattern ``<index_prefix>-logs``) and step summary (``<index_prefix>-steps``),
+and name the terminal's equivalent, ``rlpulse show RUN --step N``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from grafana_foundation_sdk.models.common import (
 from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DataSourceRef,
+    DataTransformerConfig,
     DynamicConfigValue,
     GridPos,
     VariableRefresh,
@@ -52,6 +60,28 @@ PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 RUN = 'run=~"$run"'
 SEL = 'run=~"$run", stage=~"$stage"'
 SIGMA = 3
+STEP_REF = "S"
+STEP_FIELD = "step"
+DRILL_DOWN_PANELS = (2, 3, 5, 7, 8)
+"""The time-series panels of per-step metrics: each gets the step query and the links."""
+DISCOVER = (
+    "${search}/app/discover#/?_g=(time:(from:'${__from:date:iso}',to:'${__to:date:iso}'))"
+    "&_a=(index:'${index_prefix}-%s',query:(language:lucene,"
+    "query:'run_id:%%22${run:percentencode}%%22%%20AND%%20step:${__data.fields.step}'))"
+)
+"""Discover (OpenSearch Dashboards, Kibana) on one index pattern: the run's records at the step."""
+DRILL_DOWN_LINKS = [
+    {
+        "title": "Logs of run ${run} at step ${__data.fields.step}",
+        "url": DISCOVER % "logs",
+        "targetBlank": True,
+    },
+    {
+        "title": "Step summary (in a terminal: rlpulse show ${run} --step ${__data.fields.step})",
+        "url": DISCOVER % "steps",
+        "targetBlank": True,
+    },
+]
 
 
 def query(ref: str, expr: str, legend: str) -> Dataquery:
@@ -97,6 +127,17 @@ def right_axis(label: str, unit: str) -> list[DynamicConfigValue]:
         DynamicConfigValue(id_val="custom.axisLabel", value=label),
         DynamicConfigValue(id_val="unit", value=unit),
     ]
+
+
+def with_step(panel: timeseries.Panel) -> timeseries.Panel:
+    """Add the hidden step query, joined by time with the panel's series (see the docstring)."""
+    hidden = {"legend": True, "tooltip": True, "viz": True}
+    step = f'max by (run) (rlpulse_run_step{{{SEL}, stage!="system"}})'
+    return (
+        panel.with_target(query(STEP_REF, step, STEP_FIELD))
+        .override_by_query(STEP_REF, [DynamicConfigValue(id_val="custom.hideFrom", value=hidden)])
+        .with_transformation(DataTransformerConfig(id_val="joinByField", options={"mode": "outer"}))
+    )
 
 
 def training_panels() -> list[Any]:
@@ -193,6 +234,9 @@ def training_panels() -> list[Any]:
         "Reward per rank",
         GridPos(h=9, w=6, x=18, y=19),
         query("A", f"${{namespace}}_reward_mean{{{SEL}}}", "rank {{rank}}"),
+    )
+    reward_panel, reward_kl, loss_panel, throughput, reward_ranks = (
+        with_step(panel) for panel in (reward_panel, reward_kl, loss_panel, throughput, reward_ranks)
     )
     return [reward_panel, reward_kl, kl_heatmap, loss_panel, cpu, throughput, reward_ranks]
 
@@ -317,7 +361,7 @@ def pipeline_panels() -> list[Any]:
 
 
 def variables() -> list[Any]:
-    """$datasource, $namespace, $run (one) and $stage (any of the run's)."""
+    """$datasource, $namespace, $run (one), $stage (any of the run's), $search, $index_prefix."""
     return [
         DatasourceVariable("datasource").label("Data source").type("prometheus"),
         TextBoxVariable("namespace").label("Namespace").default_value("verl"),
@@ -336,6 +380,10 @@ def variables() -> list[Any]:
         .multi(True)
         .include_all(True)
         .all_value(".*"),
+        TextBoxVariable("search")
+        .label("Log search (OpenSearch Dashboards, Kibana)")
+        .default_value("http://localhost:5601"),
+        TextBoxVariable("index_prefix").label("Index prefix").default_value("rlpulse"),
     ]
 
 
@@ -402,6 +450,9 @@ def dashboard_json() -> dict[str, Any]:
     model: dict[str, Any] = json.loads(JSONEncoder().encode(build().build()))
     for annotation in model["annotations"]["list"]:
         annotation.update(ANNOTATION_OPTIONS.get(annotation["name"], {}))
+    for panel in model["panels"]:
+        if panel["id"] in DRILL_DOWN_PANELS:
+            panel["fieldConfig"]["defaults"]["links"] = DRILL_DOWN_LINKS
     return model
 
 

@@ -21,6 +21,7 @@ from rlpulse.cli.control import control_app
 from rlpulse.cli.demo import demo
 from rlpulse.cli.diagnose import diagnose
 from rlpulse.cli.exporter import exporter
+from rlpulse.cli.index import index
 from rlpulse.cli.query import query
 from rlpulse.cli.replay import replay
 from rlpulse.cli.rules import rules_app
@@ -70,6 +71,7 @@ app.command("demo")(demo)
 app.command("replay")(replay)
 app.command("aggregate")(aggregate)
 app.add_typer(archive_app, name="archive")
+app.command("index")(index)
 app.add_typer(trace_app, name="trace")
 app.command("query")(query)
 app.command("diagnose")(diagnose)

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlpulse.local.child_process import ChildProcess
+from rlpulse.local.child_process import ChildProcess, setting_variables
 
 __all__ = ["ArchiverProcess"]
 
@@ -26,11 +26,7 @@ class ArchiverProcess(ChildProcess):
         log_file: Path,
         settings: Mapping[str, object] | None = None,
     ) -> None:
-        env = {
-            "RLPULSE_" + name.replace(".", "__").upper(): str(value)
-            for name, value in (settings or {}).items()
-        }
-        super().__init__(log_file, env)
+        super().__init__(log_file, setting_variables(settings or {}))
         self.bootstrap = bootstrap
         self.prefix = prefix
         self.root = str(root)
@@ -49,16 +45,3 @@ class ArchiverProcess(ChildProcess):
             "--root",
             self.root,
         ]
-
-    def kill(self) -> None:
-        """SIGKILL: the crash the archive must survive."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def log_text(self) -> str:
-        """What the child printed so far."""
-        try:
-            return self.log_file.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-__all__ = ["ChildProcess", "free_port"]
+__all__ = ["ChildProcess", "free_port", "setting_variables"]
 
 
 def free_port() -> int:
@@ -19,6 +19,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def setting_variables(settings: Mapping[str, object]) -> dict[str, str]:
+    """Settings as the environment variables a child reads them from.
+
+    ``{"archive.roll_s": 1}`` becomes ``{"RLPULSE_ARCHIVE__ROLL_S": "1"}``.
+    """
+    return {
+        "RLPULSE_" + name.replace(".", "__").upper(): str(value) for name, value in settings.items()
+    }
 
 
 class ChildProcess:
@@ -70,6 +80,19 @@ class ChildProcess:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, and wait for the child to be gone: the crash a process must survive."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log_text(self) -> str:
+        """What the child printed so far."""
+        try:
+            return self.log_file.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
 
     def __enter__(self) -> Self:
         return self.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
@@ -13,7 +14,7 @@ from confluent_kafka.cimpl import NewTopic
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.clients import new_admin
-from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError
+from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError, TransportError
 from rlpulse.transport.replication import Replication, cluster_replication
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "create_missing",
     "delete_topics",
     "ensure_topics",
+    "ensure_topics_for_reader",
     "list_topics",
     "missing_topic",
     "topic_config",
@@ -78,6 +80,29 @@ def ensure_topics(
     }
     created = create_missing(admin, wanted, replication, timeout_s)
     return EnsuredTopics(created, replication)
+
+
+def ensure_topics_for_reader(
+    settings: Settings, timeout_s: float, refresh_s: float, say: Callable[[str], None]
+) -> None:
+    """For a process that reads the topics (archiver, indexer): create those not there yet.
+
+    Says what it created; where it may not create them (a principal that may only read),
+    says so and that a topic created later is read within ``refresh_s`` (the consumer's
+    ``topic.metadata.refresh.interval.ms``).
+    """
+    prefix = settings.prefix
+    try:
+        created = ensure_topics(settings, timeout_s=max(1.0, min(10.0, timeout_s))).created
+    except TransportError as exc:  # e.g. this principal may only read
+        say(
+            f"did not create the {prefix}.* topics ({exc}); a topic that does not exist yet "
+            f"is read within {refresh_s:g} s of its creation (`rlpulse worker` creates them "
+            "when it starts)"
+        )
+        return
+    if created:
+        say(f"created the topics no worker had created yet: {', '.join(created)}")
 
 
 class TopicSpec(NamedTuple):

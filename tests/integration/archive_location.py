@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from rlpulse.local.child_process import setting_variables
 from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ArchiveSettings
@@ -69,11 +70,7 @@ class ArchiveLocation:
 
     def environment(self) -> dict[str, str]:
         """This process's environment plus what a child needs to read this root."""
-        extra = {
-            "RLPULSE_" + name.replace(".", "__").upper(): str(value)
-            for name, value in self.child_settings().items()
-        }
-        return {**os.environ, **extra}
+        return {**os.environ, **setting_variables(self.child_settings())}
 
     def store(self) -> ArchiveStore:
         """The archive's files, through pyarrow (S3 for an s3:// root)."""

@@ -195,6 +195,7 @@ def expectations(
         (6, "B"): equals(tokens, "rank"),
         (7, "A"): equals({run.run_id: math.fsum(tokens.values())}, "run"),
         (8, "A"): equals(rewards, "rank"),
+        **{(panel, "S"): equals({run.run_id: STEPS}, "run") for panel in (2, 3, 5, 7, 8)},
         (10, "A"): steps,
         (11, "A"): since_last_event,
         (12, "A"): equals({"kl-guard": 1.0}, "rule"),

@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from rlpulse.local.broker import tail
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
-from tests.kafka import settings_at
+from tests.kafka import read_all, settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -164,25 +164,6 @@ class Fuzz:
         record = event("big-run", 1, 0, kind="log", message="x" * (LIMIT_BYTES + 1000))
         data = encoded(record)
         return Bad(b"big-run", data, f"too_large: {len(data)} bytes > {LIMIT_BYTES}")
-
-
-def read_all(
-    bootstrap: str, topic: str, done: Callable[[list[Any]], bool], timeout_s: float
-) -> list[Any]:
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
-        "auto.offset.reset": "earliest", "enable.auto.commit": False,
-    })  # fmt: skip
-    consumer.subscribe([topic])
-    messages: list[Any] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline and not done(messages):
-            batch = consumer.consume(500, timeout=0.5)
-            messages += [m for m in batch if m.error() is None]
-    finally:
-        consumer.close()
-    return messages
 
 
 def test_fuzzed_bad_input_goes_to_the_dlq_and_the_worker_keeps_going(

@@ -65,9 +65,8 @@ from rlpulse.streams.archive.prune import cutoff_ms, prune
 from rlpulse.streams.archive.store import ArchiveStore
 from rlpulse.streams.archive.tables import Table, tables_of
 from rlpulse.transport.clients import new_consumer, new_producer
-from rlpulse.transport.exceptions import TransportError
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
-from rlpulse.transport.topics import ensure_topics
+from rlpulse.transport.topics import ensure_topics_for_reader
 
 __all__ = ["Archiver", "ArchiverCounts"]
 
@@ -146,28 +145,12 @@ class Archiver:
         """Ask :meth:`run` to write out what it holds and return."""
         self._stop.set()
 
-    def _ensure_topics(self, deadline: Deadline) -> None:
-        """Create the topics no worker has created yet, and say so; or say what happens."""
-        try:
-            created = ensure_topics(
-                self.settings, timeout_s=max(1.0, min(10.0, deadline.left()))
-            ).created
-        except TransportError as exc:  # e.g. this principal may only read
-            self._say(
-                f"did not create the {self.topics.prefix}.* topics ({exc}); a topic that does "
-                f"not exist yet is archived within {METADATA_REFRESH_S:g} s of its creation "
-                "(`rlpulse worker` creates them when it starts)"
-            )
-            return
-        if created:
-            self._say(f"created the topics no worker had created yet: {', '.join(created)}")
-
     def run(self) -> ArchiverCounts:
         """Archive until :meth:`stop`; write out the buffers, leave the group, return the counts."""
         archive = self.settings.archive
         deadline = Deadline(archive.startup_timeout_s)
         wait_for_kafka(self.settings, deadline, self._say)
-        self._ensure_topics(deadline)
+        ensure_topics_for_reader(self.settings, deadline.left(), METADATA_REFRESH_S, self._say)
         properties: dict[str, object] = {
             "enable.partition.eof": False,
             "topic.metadata.refresh.interval.ms": round(METADATA_REFRESH_S * 1000),
