@@ -1,4 +1,4 @@
-"""What logs cost and how fast they are archived: the five measurements of issue 22.
+"""What logs cost and how fast they are archived and indexed: issue 22's (a)-(e), issue 23's (f).
 
 (a) ``logger.info("step %s loss %s", ...)`` through rlpulse's ``EventHandler`` (broker up)
     against the same call through a ``logging.FileHandler``, a ``QueueHandler`` feeding a
@@ -22,6 +22,11 @@
     records in Parquet files) early and late. Target: 100,000 records/s with the lag flat.
 (e) The write-ahead log's cost per call: ``WalWriter.append`` of a typical record's entry
     alone, and ``log_record()`` whole, p50/p99 in µs.
+(f) Indexing a backlog of log records into OpenSearch: one ``rlpulse index`` process from
+    Kafka, records/s between 10 % and 90 % of the backlog (counted by ``_count``), against
+    OpenSearch's own ``_bulk`` API fed the same documents, already built, in requests of the
+    same size by one bare client. Target: the indexer >= 0.7 of the bare client. Uses
+    ``RLPULSE_OPENSEARCH_URL``, else starts a node.
 
 Prints one JSON object per line (``"bench": "logs"``). Needs torch for (b). Starts its own
 Kafka broker unless ``RLPULSE_BOOTSTRAP`` is set. ``--profile`` prints where one archiver
@@ -51,9 +56,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 from figures import percentile, printer
+from opensearchpy import OpenSearch
 
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import bootstrap_or_local_broker
+from rlpulse.local.indexer_process import IndexerProcess
+from rlpulse.local.opensearch import local_search_or_url, request_json
 from rlpulse.producers import EventHandler, EventLogger, Settings
 from rlpulse.producers.log_wire import LogEncoder, LogSource
 from rlpulse.producers.wal import LOG, LogMeta, WalWriter
@@ -62,6 +70,8 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import load_settings
 from rlpulse.streams.archive.store import ArchiveStore
 from rlpulse.streams.archive.tables import tables_of
+from rlpulse.streams.indexer.documents import IndexNames, log_document
+from rlpulse.streams.indexer.template import templates
 from rlpulse.transport.clients import new_consumer
 from rlpulse.transport.topics import ensure_topics
 
@@ -545,6 +555,77 @@ def profile_archiver(bootstrap: str, work: Path, records: int) -> None:
     pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(15)
 
 
+def indexed(url: str, pattern: str) -> int:
+    """Documents the indices of ``pattern`` hold (0 before the first exists)."""
+    status, body = request_json("GET", f"{url}/{pattern}/_count")
+    return int(body["count"]) if status == 200 else 0
+
+
+def bare_bulk(url: str, bodies: list[bytes], total: int) -> float:
+    """Records/s of ``_bulk`` requests of ready documents, one after the other."""
+    client = OpenSearch(hosts=[url], timeout=120, max_retries=0)
+    start = time.monotonic()
+    for body in bodies:
+        response = client.bulk(body=body)
+        assert not response["errors"], "the bare client's documents must all land"
+    return total / (time.monotonic() - start)
+
+
+def bench_indexing(bootstrap: str, url: str, work: Path, records: int) -> None:
+    topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
+    settings = load_settings(
+        {"bootstrap": bootstrap, "prefix": topics.prefix, "producer.spool_dir": work / "spool"}
+    )
+    ensure_topics(settings, topics, partitions=PARTITIONS)
+    fill_backlog(settings, records)
+    # The bare client's documents: the indexer's own, built before the clock starts.
+    codec = default_codec()
+    consumer = new_consumer(settings, f"bare-{uuid.uuid4().hex}", "bare")
+    consumer.subscribe([topics.logs])
+    logged: list[Any] = []
+    while len(logged) < records:
+        for message in consumer.consume(10_000, 0.5):
+            if message.error() is None:
+                logged += codec.decode_logs(message.value() or b"")
+    consumer.close()
+    size = settings.index.bulk_max_docs
+
+    def bodies(prefix: str) -> list[bytes]:
+        """The documents in ``_bulk`` bodies, under the indexer's mappings for ``prefix``."""
+        names = IndexNames(prefix)
+        for name, template in templates(names, settings.index.shards, None).items():
+            request_json("PUT", f"{url}/_index_template/{name}", template)
+        lines = [log_document(names, record).bulk_lines() for record in logged]
+        return [b"".join(lines[n : n + size]) for n in range(0, len(lines), size)]
+
+    bare_before = bare_bulk(url, bodies(f"{topics.prefix}-bare1"), records)
+    indexer = IndexerProcess(
+        bootstrap, topics.prefix, url, work / "indexer.log",
+        {"index.group_id": f"bench-{uuid.uuid4().hex[:6]}"},
+    ).start()  # fmt: skip
+    try:
+        one = steady_rate(lambda: indexed(url, f"{topics.prefix}-logs-*"), records, 900)
+    finally:
+        indexer.stop()
+    bare_after = bare_bulk(url, bodies(f"{topics.prefix}-bare2"), records)
+    bare = max(bare_before, bare_after)
+    emit(
+        "f_bare_bulk",
+        records=records,
+        docs_per_request=size,
+        records_per_s=round(bare),
+        before=round(bare_before),
+        after=round(bare_after),
+    )
+    emit("f_indexer_1_process", records_per_s=round(one))
+    ratio = one / bare
+    emit("f_target", indexer_over_bare=round(ratio, 2), target_ratio=0.7, met=ratio >= 0.7)
+    request_json("DELETE", f"{url}/{topics.prefix}-*")
+    for prefix in (topics.prefix, f"{topics.prefix}-bare1", f"{topics.prefix}-bare2"):
+        for kind in ("logs", "steps"):
+            request_json("DELETE", f"{url}/_index_template/{prefix}-{kind}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--calls", type=int, default=20_000)
@@ -555,7 +636,8 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--rates", default="50000,100000,120000,150000")
     parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument("--only", default="abcde")
+    parser.add_argument("--index-records", type=int, default=200_000, help="(f)'s backlog")
+    parser.add_argument("--only", default="abcdef")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--bare-consumer", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--paced-producer", nargs=4, help=argparse.SUPPRESS)
@@ -590,6 +672,9 @@ def main() -> None:
             bench_end_to_end(bootstrap, work, [int(r) for r in args.rates.split(",")], args.seconds)
         if "e" in args.only:
             bench_write_ahead(settings, work, args.calls)
+        if "f" in args.only:
+            with local_search_or_url(settings, work / "search") as url:
+                bench_indexing(bootstrap, url, work, args.index_records)
 
 
 if __name__ == "__main__":

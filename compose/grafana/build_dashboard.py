@@ -235,10 +235,15 @@ def training_panels() -> list[Any]:
         GridPos(h=9, w=6, x=18, y=19),
         query("A", f"${{namespace}}_reward_mean{{{SEL}}}", "rank {{rank}}"),
     )
-    reward_panel, reward_kl, loss_panel, throughput, reward_ranks = (
-        with_step(panel) for panel in (reward_panel, reward_kl, loss_panel, throughput, reward_ranks)
-    )
-    return [reward_panel, reward_kl, kl_heatmap, loss_panel, cpu, throughput, reward_ranks]
+    return [
+        with_step(reward_panel),
+        with_step(reward_kl),
+        kl_heatmap,
+        with_step(loss_panel),
+        cpu,
+        with_step(throughput),
+        with_step(reward_ranks),
+    ]
 
 
 def run_panels() -> list[Any]:
@@ -284,7 +289,7 @@ def run_panels() -> list[Any]:
     alerts = (
         bargauge.Panel()
         .id(14)
-        .title("Alert statistics: commands issued, alerts firing, notifications")
+        .title("Alert statistics: commands issued, alerts firing, notifications, error records")
         .datasource(PROMETHEUS)
         .grid_pos(GridPos(h=7, w=24, x=0, y=34))
         .with_target(
@@ -308,6 +313,14 @@ def run_panels() -> list[Any]:
                 "notifications {{outcome}}",
             )
         )
+        .with_target(
+            query(
+                "D",
+                "sum by (level) "
+                f'(rlpulse_host_log_records_total{{{RUN}, level=~"ERROR|CRITICAL"}})',
+                "{{level}} records",
+            )
+        )
     )
     return [step, silence, stopped, ranks, alerts]
 
@@ -318,10 +331,17 @@ def pipeline_panels() -> list[Any]:
     return [
         series_panel(
             21,
-            "Events per host (events/s)",
+            "Traffic per host: events and log records per second",
             GridPos(h=8, w=12, x=0, y=42),
             query(
-                "A", f"sum by (host) (rate(rlpulse_host_events_total{{{RUN}}}{rate}))", "{{host}}"
+                "A",
+                f"sum by (host) (rate(rlpulse_host_events_total{{{RUN}}}{rate}))",
+                "events {{host}}",
+            ),
+            query(
+                "B",
+                f"sum by (host) (rate(rlpulse_host_log_records_total{{{RUN}}}{rate}))",
+                "log records {{host}}",
             ),
         ),
         series_panel(

@@ -41,7 +41,7 @@ def test_promtool_checks_the_prometheus_config_and_its_rule_files() -> None:
 
 def test_promtool_checks_the_alert_rules() -> None:
     output = run("promtool", "check", "rules", "prometheus/alerts.yml")
-    assert "SUCCESS: 11 rules found" in output
+    assert "SUCCESS: 12 rules found" in output
 
 
 def test_every_alert_rule_is_tested_firing_and_quiet_and_the_tests_pass() -> None:
@@ -75,4 +75,6 @@ def test_docker_compose_validates_the_stack() -> None:
         "alertmanager",
         "grafana",
         "opensearch",
+        "opensearch-dashboards",
+        "indexer",
     }

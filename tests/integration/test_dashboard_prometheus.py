@@ -31,6 +31,7 @@ from rlpulse.streams.exporter.naming import DropReason
 from rlpulse.streams.exporter.state import DEAD_LETTER_KINDS
 from tests.integration.monitoring import COMPOSE, Prometheus
 from tests.integration.watched_run import (
+    ERRORS_FROM,
     KL_GUARD_STEP,
     RANKS,
     SPIKE,
@@ -159,6 +160,11 @@ def expectations(
         (busiest,) = [max(float(v) for _t, v in s["values"]) for s in ranged(expr)]
         assert busiest > 0
 
+    def records_per_host(series: Series, expr: str) -> None:
+        assert set(by("host", series)) == {run.hostname}
+        (busiest,) = [max(float(v) for _t, v in s["values"]) for s in ranged(expr)]
+        assert busiest > 0
+
     def lag(series: Series, _expr: str) -> None:
         groups = {s["metric"]["group"] for s in series}
         assert groups == {f"{run.prefix}-worker", f"{run.prefix}-exporter"}, groups
@@ -204,7 +210,9 @@ def expectations(
         (14, "A"): commands,
         (14, "B"): firing,
         (14, "C"): nothing,  # no Alertmanager in this test: nothing forwarded
+        (14, "D"): equals({"ERROR": float(STEPS - ERRORS_FROM + 1)}, "level"),
         (21, "A"): events_per_host,
+        (21, "B"): records_per_host,
         (22, "A"): lag,
         (23, "A"): dead_letters,
         (24, "A"): targets_up,

@@ -335,7 +335,7 @@ def test_a_document_the_engine_refuses_goes_to_the_dlq_and_the_rest_is_indexed(
     assert {hit["message"] for hit in run.search("logs", of_run)} == {"before", "after"}
     (letter,) = [m for m in dead if m.key() == run_id.encode()]
     headers = dict(letter.headers() or [])
-    assert headers[REASON_HEADER].startswith(b"rejected by the search engine: 400 ")
+    assert headers[REASON_HEADER].startswith(b"rejected: the search engine refused it: 400 ")
     assert b"Limit of total fields" in headers[REASON_HEADER]
     assert headers[SOURCE_HEADER].startswith(f"{run.topics.logs}/".encode())
     assert json.loads(letter.value())["message"] == "too many fields"

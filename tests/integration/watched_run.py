@@ -10,7 +10,9 @@ Every rank is a RunLink with system metrics on (every second, stage ``system``).
   every rank, except actor_loss = 5.0 at step 15: with a z-score window of 10 steps the only
   step more than 3 std from the previous steps' mean is actor_loss at step 15.
 
-Ranks 0-6 are delivered before rank 7 in every step, so rank 7 is the straggler. A step takes
+Each rank logs one INFO record per step; rank 7 also an ERROR record in each step from
+:data:`ERRORS_FROM` on (3 in all). Ranks 0-6 are delivered before rank 7 in every step, so
+rank 7 is the straggler. A step takes
 ``step_s`` seconds, longer than Prometheus's 1 s scrape, so every step is scraped.
 """
 
@@ -30,6 +32,7 @@ KL_GUARD_STEP = 20
 SPIKE_STEP = 15
 SPIKE = 5.0
 ZSCORE_WINDOW = 10
+ERRORS_FROM = 18
 
 
 def reward(step: int, rank: int) -> float:
@@ -73,9 +76,17 @@ class WatchedRun:
                 for ranks in (range(RANKS - 1), [RANKS - 1]):  # rank 7 last
                     for rank in ranks:
                         self.links[rank].log(metrics(step, rank), step, stage)
+                        if stage == "rollout":
+                            self.log_text(step, rank)
                     for rank in ranks:
                         assert self.links[rank].flush(timeout_s=30.0) == 0
             time.sleep(max(0.0, self.step_s - (time.monotonic() - began)))
+
+    def log_text(self, step: int, rank: int) -> None:
+        link = self.links[rank]
+        link.log_record("INFO", 20, "trainer", f"step {step} on rank {rank}", step=step)
+        if rank == RANKS - 1 and step >= ERRORS_FROM:
+            link.log_record("ERROR", 40, "trainer", f"KL too high at step {step}", step=step)
 
     @staticmethod
     def rollout(step: int, rank: int) -> dict[str, float]:

@@ -14,7 +14,7 @@ from rlpulse.rules.arith import zscore
 from rlpulse.settings import ExporterSettings
 from rlpulse.streams.exporter.collector import ExporterCollector, reserved_names
 from rlpulse.streams.exporter.naming import sanitise
-from rlpulse.streams.exporter.state import ExporterState
+from rlpulse.streams.exporter.state import ExporterState, LogTally
 from tests.unit.exporter_records import T0, S, ack, command, event, stats, summary
 
 
@@ -374,3 +374,23 @@ def test_non_finite_values_are_exported_as_they_are() -> None:
     assert value(state, "verl_grad_norm", **labels) == math.inf
     non_finite = {"run": "r1", "stage": "rollout", "metric": "kl_divergence"}
     assert value(state, "rlpulse_step_non_finite_ranks", **non_finite) == 1.0
+
+
+def test_log_records_count_per_host_and_level_live_only_custom_levels_as_other() -> None:
+    state = new_state()
+    state.add_logs(LogTally("run-1", "node-a", ["INFO", "ERROR"]), live=False)  # lookback
+    assert names_of(state, "rlpulse_host_log_records") == set()
+    state.add_logs(LogTally("run-1", "node-a", ["INFO", "INFO", "ERROR", "TRACE"]), live=True)
+    state.add_logs(LogTally("run-1", "node-b", ["CRITICAL"]), live=True)
+    counted = {
+        (labels["host"], labels["level"]): count
+        for (name, pairs), count in samples(state).items()
+        if name == "rlpulse_host_log_records_total"
+        for labels in [dict(pairs)]
+    }
+    assert counted == {
+        ("node-a", "INFO"): 2.0,
+        ("node-a", "ERROR"): 1.0,
+        ("node-a", "OTHER"): 1.0,
+        ("node-b", "CRITICAL"): 1.0,
+    }

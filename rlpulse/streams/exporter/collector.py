@@ -131,6 +131,13 @@ FAMILIES: Final = {
             ("run", "host", "kind"),
             "Trainer events per host, since the exporter started",
         ),
+        Family(
+            "rlpulse_host_log_records_total",
+            "counter",
+            ("run", "host", "level"),
+            "Trainer log records per host and level (DEBUG ... CRITICAL, OTHER), since the "
+            "exporter started",
+        ),
         # Pipeline health.
         Family(
             "rlpulse_dlq_messages_total",
@@ -283,6 +290,8 @@ class ExporterCollector(Collector):
                 )
             for (host, kind), count in run.host_events.items():
                 runs["rlpulse_host_events_total"].add_metric((run_id, host, kind), count)
+            for (host, level), count in run.host_records.items():
+                runs["rlpulse_host_log_records_total"].add_metric((run_id, host, level), count)
         yield from stats.values()
         yield from stage_gauges.values()
         yield from runs.values()

@@ -2,7 +2,8 @@
 
 The exporter is not a member of a consumer group that shares partitions: each exporter needs
 every record to hold every run's latest values. It assigns itself all partitions of
-``<prefix>.events``, ``.steps``, ``.control``, ``.acks`` and ``.dlq`` and starts each at the
+``<prefix>.events``, ``.steps``, ``.control``, ``.acks``, ``.dlq`` and ``.logs`` (of which it
+reads only whose records they are and their levels) and starts each at the
 first record written in the last ``lookback_s`` (``offsets_for_times``), not at a committed
 offset. Records before each partition's end at start are the lookback (``live`` False); the
 rest are live. It still commits its positions under its own group id, so the lag of the
@@ -24,10 +25,11 @@ from confluent_kafka._types import HeadersType
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.schemas.codec import Codec, default_codec
-from rlpulse.schemas.exceptions import DecodeError
+from rlpulse.schemas.exceptions import DecodeError, DecodeFailure
 from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary, TrainerEvent
 from rlpulse.schemas.topics import REASON_HEADER, Topics
 from rlpulse.settings import Settings
+from rlpulse.streams.exporter.state import LogTally
 from rlpulse.transport.clients import new_consumer
 from rlpulse.transport.exceptions import TransportError
 from rlpulse.transport.readiness import Deadline
@@ -37,10 +39,11 @@ __all__ = ["ROLES", "Incoming", "Role", "TopicReader"]
 log = logging.getLogger(__name__)
 _warn = WarnOnce(log)
 
-Role = Literal["events", "steps", "control", "acks", "dlq"]
-ROLES: Final[tuple[Role, ...]] = ("events", "steps", "control", "acks", "dlq")
-Record = TrainerEvent | StepSummary | ControlCommand | CommandAck | str
-"""A decoded record; for the dead-letter topic, the message's reason header."""
+Role = Literal["events", "steps", "control", "acks", "dlq", "logs"]
+ROLES: Final[tuple[Role, ...]] = ("events", "steps", "control", "acks", "dlq", "logs")
+Record = TrainerEvent | StepSummary | ControlCommand | CommandAck | LogTally | str
+"""A decoded record; for the dead-letter topic, the message's reason header; for the logs
+topic, a :class:`LogTally`."""
 
 
 Incoming = tuple[Role, Record | None, bool]
@@ -64,10 +67,23 @@ class TopicReader:
             "steps": self.codec.decode_summary,
             "control": self.codec.decode_command,
             "acks": self.codec.decode_ack,
+            "logs": self._log_tally,
         }
         self._consumer: Consumer | None = None
         self._live_from: dict[tuple[str, int], int] = {}
         self._behind: list[TopicPartition] = []
+
+    def _log_tally(self, data: bytes) -> LogTally:
+        """Whose records a logs message holds and their levels (a LogBatch, or a LogRecord)."""
+        record = self.codec.decode(data)
+        entries = record.get("entries")
+        try:
+            levels = (
+                [entry["level"] for entry in entries] if entries is not None else [record["level"]]
+            )
+            return LogTally(record["run_id"], record["hostname"], levels)
+        except (KeyError, TypeError) as exc:
+            raise DecodeError(DecodeFailure.WRONG_RECORD, f"not a log record: {exc}") from exc
 
     def assign(self, deadline: Deadline) -> int:
         """Take every partition from its lookback offset; returns the records in the lookback.

@@ -29,7 +29,7 @@ from rlpulse.streams.exporter.consumer import Incoming, TopicReader
 from rlpulse.streams.exporter.exceptions import ExporterError
 from rlpulse.streams.exporter.http import MetricsServer
 from rlpulse.streams.exporter.lag import LagProbe
-from rlpulse.streams.exporter.state import ExporterState
+from rlpulse.streams.exporter.state import ExporterState, LogTally
 from rlpulse.transport.exceptions import TopicError
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics
@@ -172,6 +172,8 @@ class Exporter:
                             alerts.append(alert)
                 elif role == "acks":
                     state.add_ack(cast(CommandAck, record), live)
+                elif role == "logs":
+                    state.add_logs(cast(LogTally, record), live)
                 else:
                     state.add_dead_letter(cast(str, record), live)
             state.messages.update(read)

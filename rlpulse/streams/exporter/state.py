@@ -3,9 +3,9 @@
 Pure: no Kafka, no HTTP, no clock of its own. The consumer hands it each decoded record with
 ``live`` — whether the record was written after the exporter started (``False`` for the
 lookback it reads at start). Gauges (latest values, a run's step, whether it stopped) are
-rebuilt from the lookback; counters (commands, acks, events per host, dead letters) count
-only live records, so a restart never counts a record twice (Prometheus sees a counter reset,
-not a jump). Time comes in as ``now_ns`` where it matters (expiry).
+rebuilt from the lookback; counters (commands, acks, events and log records per host, dead
+letters) count only live records, so a restart never counts a record twice (Prometheus sees
+a counter reset, not a jump). Time comes in as ``now_ns`` where it matters (expiry).
 
 Latest means: per rank and stage, the event of the newest (attempt, step) — a resumed attempt
 overrides its run's older values, a late or replayed event for an older step does not (a
@@ -46,11 +46,13 @@ from rlpulse.streams.exporter.naming import DropReason, FamilyNames
 
 __all__ = [
     "DEAD_LETTER_KINDS",
+    "LOG_LEVELS",
     "OPERATOR_RULE",
     "SUMMARY_SERIES_PER_METRIC",
     "UNKNOWN_RULE",
     "ExporterState",
     "LagKey",
+    "LogTally",
     "RankKey",
     "RankRow",
     "RunState",
@@ -77,8 +79,22 @@ MAX_PLACES_REMEMBERED: Final = 100_000
 """(producer, stage, rank, world size) combinations remembered as valid."""
 
 NS_PER_S: Final = 1_000_000_000
-DEAD_LETTER_KINDS: Final = ("undecodable", "invalid", "too_large", "too_late", "error")
-"""The kinds of reason the worker writes into a dead letter's ``rlpulse-reason`` header."""
+DEAD_LETTER_KINDS: Final = (
+    "undecodable", "invalid", "too_large", "too_late", "error", "rejected"
+)  # fmt: skip
+"""The kinds of reason the worker (and ``rejected``: the indexer) writes into a dead letter's
+``rlpulse-reason`` header."""
+LOG_LEVELS: Final = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+"""The ``level`` label's values; a custom level's records count as ``OTHER``."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogTally:
+    """What the exporter takes from one ``<prefix>.logs`` message: whose, and each level."""
+
+    run_id: str
+    hostname: str
+    levels: list[str]
 
 
 def command_rule(command: ControlCommand) -> str:
@@ -159,6 +175,8 @@ class RunState:
     command_rules: dict[str, str] = field(default_factory=dict)
     host_events: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Live events by (hostname, kind)."""
+    host_records: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Live log records by (hostname, level)."""
 
     def seen(self, timestamp_ns: int) -> None:
         """Note a record of this run written at ``timestamp_ns``."""
@@ -378,6 +396,20 @@ class ExporterState:
         run.seen(ack["acked_ns"])
         if live:
             run.acks[(run.command_rules.get(ack["command_id"], UNKNOWN_RULE), ack["status"])] += 1
+
+    def add_logs(self, tally: LogTally, live: bool) -> None:
+        """The log records of one message: counted per host and level (live ones only)."""
+        if not live:
+            return
+        run = self.runs.get(tally.run_id)
+        if run is None:
+            if run_problem(tally.run_id, 0, self.limits) is not None:
+                self.dropped["invalid"] += 1
+                return
+            run = self.runs[tally.run_id] = RunState()
+        counts, host = run.host_records, tally.hostname
+        for level in tally.levels:
+            counts[(host, level if level in LOG_LEVELS else "OTHER")] += 1
 
     def add_dead_letter(self, reason: str, live: bool) -> None:
         """A message on the dead-letter topic, with its ``rlpulse-reason`` header."""

@@ -6,12 +6,16 @@ for more throughput). It gathers the documents of what it reads (:mod:`.document
 them as one ``_bulk`` request when ``bulk_max_docs`` or ``bulk_max_bytes`` is reached or the
 oldest waited ``bulk_max_wait_s``.
 
+One request is in flight at a time, on a thread of its own, while the next one's documents
+are decoded and built: the engine's work and the indexer's overlap.
+
 Nothing lost, nothing twice. Offsets are committed only after the response of a request
 says where every one of its documents went: landed, or refused for good (then the document
-goes to the dead-letter topic with the engine's reason, and that is delivered first).
-Documents the engine could not take now (429, 5xx, a connection refused or timed out) are
-sent again after a pause that doubles up to ``retry_max_s``, and nothing more is read
-meanwhile: a slow or absent cluster holds the indexer back, and Kafka keeps the rest. A
+goes to the dead-letter topic with the engine's reason, and that is delivered first), and
+requests are committed in the order they were read. Documents the engine could not take now
+(429, 5xx, a connection refused or timed out) are sent again after a pause that doubles up
+to ``retry_max_s``; the next request waits, and nothing beyond it is read meanwhile: a slow
+or absent cluster holds the indexer back, and Kafka keeps the rest. A
 crash anywhere (SIGKILL mid-request included) makes the next member read again from the last
 commit; the documents it indexes again keep their ids (:mod:`.documents`) and so overwrite
 themselves.
@@ -27,8 +31,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from opensearchpy import OpenSearch
@@ -40,7 +44,7 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.exceptions import SchemaError
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.settings import Settings
-from rlpulse.streams.indexer.bulk import read_bulk_response, retryable_status
+from rlpulse.streams.indexer.bulk import BulkOutcome, read_bulk_response, retryable_status
 from rlpulse.streams.indexer.documents import Document, IndexNames, log_document, summary_document
 from rlpulse.streams.indexer.exceptions import IndexerError
 from rlpulse.streams.indexer.template import templates
@@ -52,6 +56,8 @@ __all__ = ["Indexer", "IndexerCounts"]
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
+Refused = list[tuple[int, str]]
+"""Documents the engine refused for good: position in their request, and the reason."""
 POLL_S = 0.2
 CONSUME_MAX = 500
 FIRST_RETRY_S = 0.5
@@ -60,6 +66,8 @@ REPORT_S = 60.0
 DLQ_TIMEOUT_S = 30.0
 FETCH_MIN_BYTES = 64 * 1024
 FETCH_WAIT_MAX_MS = 100
+REJECTED = "rejected"
+"""The kind of a dead letter's reason for a document the search engine refused."""
 METADATA_REFRESH_S = 10.0
 """How soon the consumer finds a topic that was created after it started."""
 
@@ -130,6 +138,8 @@ class Indexer:
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self._bulk = _Bulk()
+        self._requests = ThreadPoolExecutor(1, thread_name_prefix="rlpulse-index-bulk")
+        self._in_flight: tuple[_Bulk, Future[Refused | None]] | None = None
         self._warn = WarnOnce(log)
         self._next_report = time.monotonic() + REPORT_S
         self._reported = 0
@@ -213,12 +223,16 @@ class Indexer:
                     or time.monotonic() - bulk.started >= index.bulk_max_wait_s
                 ):
                     self._send()
+                elif self._in_flight is not None and self._in_flight[1].done():
+                    self._settle()  # commit now, not with the next request
                 self._report()
         finally:
             try:
                 if self._bulk.offsets:
                     self._send()
+                self._settle()
             finally:
+                self._requests.shutdown(wait=True)
                 consumer.close()
                 self._consumer = None
         return self.counts
@@ -258,14 +272,41 @@ class Indexer:
         return len(bulk.documents) >= index.bulk_max_docs or bulk.size >= index.bulk_max_bytes
 
     def _send(self) -> bool:
-        """Send the gathered documents until each landed or was refused; then commit.
+        """Hand the gathered documents to the request thread, once the request in flight is in.
 
-        Returns False when stopped before that (nothing is committed: the next member reads
-        them again).
+        Returns False when stopped before that (nothing more is committed: the next member
+        reads it again).
         """
-        bulk = self._bulk
+        if not self._settle():
+            return False
+        bulk, self._bulk = self._bulk, _Bulk()
+        self._in_flight = (bulk, self._requests.submit(self._deliver, bulk))
+        return True
+
+    def _settle(self) -> bool:
+        """Wait for the request in flight: dead-letter what was refused, then commit.
+
+        False when stopped before every document of it was in.
+        """
+        if self._in_flight is None:
+            return True
+        bulk, future = self._in_flight
+        self._in_flight = None
+        refused = future.result()
+        if refused is None:
+            return False
+        if refused:
+            self._dead_letters(bulk, refused)
+        self._commit(bulk.offsets)
+        return True
+
+    def _deliver(self, bulk: _Bulk) -> Refused | None:
+        """On the request thread: send until each document landed or was refused for good.
+
+        Returns the refused ones (position, reason); None when stopped before all were in.
+        """
         todo = list(range(len(bulk.documents)))
-        rejected: list[tuple[int, str]] = []
+        refused: Refused = []
         pause = FIRST_RETRY_S
         while todo:
             outcome = self._request(bulk, todo)
@@ -273,7 +314,7 @@ class Indexer:
                 self.counts.requests += 1
                 self.counts.documents += outcome.created + outcome.updated
                 self.counts.updated += outcome.updated
-                rejected += outcome.rejected
+                refused += outcome.rejected
                 todo = outcome.retry
                 if not todo:
                     break
@@ -285,15 +326,11 @@ class Indexer:
                 )
             self.counts.retries += 1
             if self._stop.wait(pause):
-                return False
+                return None
             pause = min(pause * 2, self.settings.index.retry_max_s)
-        if rejected:
-            self._dead_letters(bulk, rejected)
-        self._commit(bulk.offsets)
-        self._bulk = _Bulk()
-        return True
+        return refused
 
-    def _request(self, bulk: _Bulk, todo: list[int]) -> Any:
+    def _request(self, bulk: _Bulk, todo: list[int]) -> BulkOutcome | None:
         """One ``_bulk`` request of the documents at ``todo``: its outcome, or None to retry."""
         body = b"".join(bulk.documents[position].bulk_lines() for position in todo)
         try:
@@ -306,26 +343,28 @@ class Indexer:
                 ) from None
             self._warn(
                 "bulk-failed",
-                "indexer: _bulk request to %s failed (%s); retrying (documents wait, "
-                "nothing more is read meanwhile)",
+                "indexer: _bulk request to %s failed (%s); retrying (documents wait in "
+                "Kafka meanwhile)",
                 self.url,
                 _why(exc),
             )
             return None
         return read_bulk_response(response, todo)
 
-    def _dead_letters(self, bulk: _Bulk, rejected: list[tuple[int, str]]) -> None:
+    def _dead_letters(self, bulk: _Bulk, rejected: Refused) -> None:
         """Send each refused document to the dead-letter topic with its reason; wait for them."""
         producer = new_producer(self.settings, "indexer dead letters")
+        cut = self.settings.worker.max_reason_bytes
         for position, reason in rejected:
             document = bulk.documents[position]
             self._warn("rejected", "indexer: the search engine refused a document: %s", reason)
+            why = f"{REJECTED}: the search engine refused it: {reason}".encode()[:cut]
             producer.produce(
                 self.topics.dlq,
                 document.body,
                 document.run_id.encode(),
                 headers=[
-                    (REASON_HEADER, f"rejected by the search engine: {reason}".encode()[:4096]),
+                    (REASON_HEADER, why),
                     (SOURCE_HEADER, bulk.sources[position].encode()),
                 ],
             )
@@ -350,11 +389,16 @@ class Indexer:
 
     def _on_revoke(self, _consumer: Consumer, _partitions: list[TopicPartition]) -> None:
         """Still ours until this returns: send what is gathered so that its offsets commit."""
-        if self._bulk.offsets and not self._send():
+        sent = self._send() if self._bulk.offsets else True
+        if not (self._settle() and sent):
             self._bulk = _Bulk()
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Another member may own them already: drop what was gathered (it re-reads them)."""
+        """Another member may own them already: drop what was gathered (it re-reads them).
+
+        A request in flight still completes; its commit fails, and its documents, indexed
+        again by the new owner, overwrite themselves.
+        """
         self._bulk = _Bulk()
         self._say(
             f"lost {len(partitions)} partition(s) (session timeout); their new owner indexes them"
