@@ -9,6 +9,7 @@ local files (every record a rank accepted is a line there, with its producer id 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -31,6 +32,7 @@ from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.transport.topics import ensure_topics
+from tests.integration.holding_proxy import HoldingProxy
 from tests.integration.log_run import SPIKE_STEP, planned, record_id
 from tests.kafka import read_all, settings_at
 
@@ -142,18 +144,24 @@ def indexed_run(
     worker = WorkerProcess(
         kafka_bootstrap, topics.prefix, work / "worker.log", rules="seed", partitions=3
     )
-    first = indexer("indexer-1.log")
-    with worker, first:
+    target = urllib.parse.urlsplit(opensearch_url)
+    with contextlib.ExitStack() as running:
+        proxy = running.enter_context(HoldingProxy(target.hostname or "", target.port or 9200))
+        first = IndexerProcess(
+            kafka_bootstrap, topics.prefix, proxy.url, work / "indexer-1.log", small_bulks
+        )
+        running.enter_context(worker)
+        running.enter_context(first)
         worker.wait_consuming()
         for process in run.ranks(*PHASES[0]):
             assert process.wait(timeout=WAIT_S) == 0
         run.phase_ends.append(time.time_ns())
         phase_0 = len(run.written())
         wait_for(lambda: run.count("logs", run.of_run()) == phase_0, "the first phase in the index")
+        # Mid-bulk: the engine took a request of the second phase, the indexer never heard.
+        proxy.hold_next_bulk()
         processes = run.ranks(*PHASES[1])
-        wait_for(  # the indexer is busy with the second phase: kill it between two requests
-            lambda: run.count("logs", run.of_run()) >= phase_0 + 200, "the second phase indexed"
-        )
+        wait_for(proxy.holding.is_set, "a _bulk request of the second phase answered and held")
         first.kill()
         run.killed_at_count = run.count("logs", run.of_run())
         for process in processes:
@@ -220,8 +228,17 @@ def test_the_killed_indexer_left_every_record_indexed_exactly_once(indexed_run: 
     total = len(written)
     assert indexed_run.count("logs", indexed_run.of_run()) == total
     assert len({doc_id(line) for line in written}) == total
-    assert 0 < indexed_run.killed_at_count < total, "killed while it indexed"
-    assert "indexer stopped: " in indexed_run.restarted_log
+    assert phase_0_of(indexed_run) < indexed_run.killed_at_count < total, "killed mid-run"
+    stopped = re.search(
+        r"indexer stopped: \d+ documents indexed \((\d+) of them were there already\)",
+        " ".join(indexed_run.restarted_log.split()),
+    )
+    assert stopped, indexed_run.restarted_log
+    assert int(stopped[1]) >= 1, "the held request's documents were indexed again"
+
+
+def phase_0_of(run: IndexedRun) -> int:
+    return sum(1 for line in run.written() if line["step"] < PHASES[1][0])
 
 
 def test_each_step_summary_is_one_document_with_its_metrics(indexed_run: IndexedRun) -> None:
