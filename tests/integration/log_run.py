@@ -15,14 +15,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlpulse.producers import EventHandler, EventLogger, SamplingFilter, Settings
 from rlpulse.producers.sampling import keeps_trace
 
+REPO = Path(__file__).resolve().parents[2]
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+RANKS = 4
+HOSTS = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+"""Where each of the :data:`RANKS` ranks says it runs."""
 CHATTY_PER_STEP = 20
 TRACES = 8
 SPIKE_STEP = 13
@@ -89,6 +96,42 @@ def record_id(message: str) -> str | None:
     """The id a planned message carries."""
     found = _ID.search(message)
     return found[1] if found else None
+
+
+def start_ranks(
+    run_id: str,
+    steps: tuple[int, int],
+    last_step: int,
+    bootstrap: str,
+    prefix: str,
+    work: Path,
+    trace_context: str | None = None,
+) -> list[subprocess.Popen[bytes]]:
+    """Start one process per rank logging ``steps`` (A, B: A..B-1) of the plan.
+
+    Write-ahead logs go under ``work/spool``, the local files to ``work/logs``; with
+    ``trace_context`` set the ranks inherit it from the environment, as from a launcher.
+    """
+    processes = []
+    for rank in range(RANKS):
+        env = {
+            **os.environ,
+            "RLPULSE_PRODUCER__HOSTNAME": HOSTS[rank],
+            "RLPULSE_PRODUCER__SPOOL_DIR": str(work / "spool"),
+            "RLPULSE_LOGGING__LEVEL": "DEBUG",
+            "RLPULSE_LOGGING__LOG_DIR": str(work / "logs"),
+        }
+        env.pop("RLPULSE_TRACE_CONTEXT", None)
+        if trace_context is not None:
+            env["RLPULSE_TRACE_CONTEXT"] = trace_context
+        command = [
+            sys.executable, "-m", "tests.integration.log_run",
+            "--run", run_id, "--rank", str(rank), "--world-size", str(RANKS),
+            "--steps", f"{steps[0]}:{steps[1]}", "--last-step", str(last_step),
+            "--bootstrap", bootstrap, "--prefix", prefix,
+        ]  # fmt: skip
+        processes.append(subprocess.Popen(command, cwd=REPO, env=env))
+    return processes
 
 
 def main() -> None:

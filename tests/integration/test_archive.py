@@ -22,18 +22,12 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.transport.clients import new_producer
 from tests.integration.archive_location import ArchiveLocation
 from tests.kafka import settings_at
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 120.0
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def kill_while_writing(

@@ -19,7 +19,6 @@ import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,24 +32,23 @@ from rlpulse.producers import EventLogger
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.transport.topics import ensure_topics
 from tests.integration.holding_proxy import HoldingProxy
-from tests.integration.log_run import SPIKE_STEP, planned, record_id
+from tests.integration.log_run import (
+    HOSTS,
+    RANKS,
+    SPIKE_STEP,
+    planned,
+    record_id,
+    start_ranks,
+)
 from tests.kafka import read_all, settings_at
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 
 REPO = Path(__file__).resolve().parents[2]
-RANKS = 4
-HOSTS = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
 PHASES = ((0, 10), (10, 20), (20, 30))
 LAST_STEP = 29
 WAIT_S = 120.0
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 class IndexedRun:
@@ -68,23 +66,9 @@ class IndexedRun:
         self.restarted_log = ""
 
     def ranks(self, first: int, end: int) -> list[subprocess.Popen[bytes]]:
-        processes = []
-        for rank in range(RANKS):
-            env = {
-                **os.environ,
-                "RLPULSE_PRODUCER__HOSTNAME": HOSTS[rank],
-                "RLPULSE_PRODUCER__SPOOL_DIR": str(self.work / "spool"),
-                "RLPULSE_LOGGING__LEVEL": "DEBUG",
-                "RLPULSE_LOGGING__LOG_DIR": str(self.log_dir),
-            }
-            command = [
-                sys.executable, "-m", "tests.integration.log_run",
-                "--run", self.run_id, "--rank", str(rank), "--world-size", str(RANKS),
-                "--steps", f"{first}:{end}", "--last-step", str(LAST_STEP),
-                "--bootstrap", self.bootstrap, "--prefix", self.topics.prefix,
-            ]  # fmt: skip
-            processes.append(subprocess.Popen(command, cwd=REPO, env=env))
-        return processes
+        return start_ranks(
+            self.run_id, (first, end), LAST_STEP, self.bootstrap, self.topics.prefix, self.work
+        )
 
     def search(self, kind: str, query: dict[str, Any], size: int = 10_000) -> list[dict[str, Any]]:
         status, body = request_json(

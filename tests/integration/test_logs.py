@@ -36,19 +36,21 @@ from rlpulse.streams.archive.catalog import run_sql
 from tests.integration.archive_location import KINDS, ArchiveLocation
 from tests.integration.log_run import (
     CHATTY_PER_STEP,
+    HOSTS,
+    RANKS,
     SPIKE_STEP,
     TRACES,
     chatty_traces,
     planned,
     record_id,
     reward,
+    start_ranks,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 
 REPO = Path(__file__).resolve().parents[2]
-RANKS = 4
-HOSTS = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
 PHASES = ((0, 10), (10, 20), (20, 30))
 LAST_STEP = 29
 WAIT_S = 120.0
@@ -63,13 +65,6 @@ WHERE stage = 'rollout' AND revision = 1 AND time > now() - INTERVAL 1 HOUR
 GROUP BY run_id
 ORDER BY run_id
 """
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
 
 
 def rlpulse(*args: str, expect: int = 0, archive: ArchiveLocation | None = None) -> str:
@@ -131,27 +126,13 @@ class LoggedRun:
         self.pids: dict[tuple[int, int], int] = {}
 
     def play(self) -> None:
-        for phase, (first, end) in enumerate(PHASES):
-            processes = []
-            for rank in range(RANKS):
-                env = {
-                    **os.environ,
-                    "RLPULSE_PRODUCER__HOSTNAME": HOSTS[rank],
-                    "RLPULSE_PRODUCER__SPOOL_DIR": str(self.work / "spool"),
-                    "RLPULSE_LOGGING__LEVEL": "DEBUG",
-                    "RLPULSE_LOGGING__LOG_DIR": str(self.log_dir),
-                }
-                env.pop("RLPULSE_TRACE_CONTEXT", None)
-                if phase == 2:
-                    env["RLPULSE_TRACE_CONTEXT"] = ENV_TRACE
-                command = [
-                    sys.executable, "-m", "tests.integration.log_run",
-                    "--run", self.run_id, "--rank", str(rank), "--world-size", str(RANKS),
-                    "--steps", f"{first}:{end}", "--last-step", str(LAST_STEP),
-                    "--bootstrap", self.bootstrap, "--prefix", self.topics.prefix,
-                ]  # fmt: skip
-                processes.append(subprocess.Popen(command, cwd=REPO, env=env))
-                self.pids[(phase, rank)] = processes[-1].pid
+        for phase, steps in enumerate(PHASES):
+            processes = start_ranks(
+                self.run_id, steps, LAST_STEP, self.bootstrap, self.topics.prefix, self.work,
+                trace_context=ENV_TRACE if phase == 2 else None,
+            )  # fmt: skip
+            for rank, process in enumerate(processes):
+                self.pids[(phase, rank)] = process.pid
             for process in processes:
                 assert process.wait(timeout=WAIT_S) == 0
             self.phase_ends.append(time.time_ns())

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,17 +14,11 @@ from rlpulse.producers import EventLogger
 from rlpulse.schemas.topics import Topics
 from rlpulse.streams.archive.catalog import query_archive
 from tests.kafka import settings_at
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 
 SAID = "created the topics no worker had created yet: "
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def created(log_text: str) -> set[str]:
