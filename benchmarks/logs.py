@@ -71,7 +71,7 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import load_settings
 from rlpulse.streams.archive.store import ArchiveStore
 from rlpulse.streams.archive.tables import tables_of
-from rlpulse.streams.indexer.documents import IndexNames, log_document
+from rlpulse.streams.indexer.documents import IndexNames, log_batch_documents
 from rlpulse.streams.indexer.template import templates
 from rlpulse.transport.clients import new_consumer
 from rlpulse.transport.topics import ensure_topics
@@ -592,11 +592,11 @@ def bench_indexing(bootstrap: str, url: str, work: Path, records: int) -> None:
     codec = default_codec()
     consumer = new_consumer(settings, f"bare-{uuid.uuid4().hex}", "bare")
     consumer.subscribe([topics.logs])
-    logged: list[Any] = []
-    while len(logged) < records:
+    batches: list[Any] = []
+    while sum(len(batch["entries"]) for batch in batches) < records:
         for message in consumer.consume(10_000, 0.5):
             if message.error() is None:
-                logged += codec.decode_logs(message.value() or b"")
+                batches.append(codec.decode_log_batch(message.value() or b""))
     consumer.close()
     size = settings.index.bulk_max_docs
 
@@ -605,7 +605,7 @@ def bench_indexing(bootstrap: str, url: str, work: Path, records: int) -> None:
         names = IndexNames(prefix)
         for name, template in templates(names, settings.index.shards, None).items():
             request_json("PUT", f"{url}/_index_template/{name}", template)
-        lines = [log_document(names, record).bulk_lines() for record in logged]
+        lines = [doc.bulk_lines() for batch in batches for doc in log_batch_documents(names, batch)]
         return [b"".join(lines[n : n + size]) for n in range(0, len(lines), size)]
 
     bare_before = bare_bulk(url, bodies(f"{topics.prefix}-bare1"), records)

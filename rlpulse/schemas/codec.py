@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
@@ -183,28 +183,34 @@ class Codec:
         Trainers send batches; a single ``LogRecord`` (what earlier releases sent) reads as a
         list of one.
         """
+        return log_records(self.decode_log_batch(data))
+
+    def decode_log_batch(self, data: bytes) -> LogBatch:
+        """One ``<prefix>.logs`` message as a ``LogBatch``; a ``LogRecord`` as a batch of one.
+
+        For readers that use the shared fields once, not once a record.
+        """
         writer = self.registry.by_fingerprint(data[len(MAGIC) : HEADER_SIZE])
         if writer is not None and writer.name == "LogRecord":
-            return [self.decode_log(data)]
-        return log_records(cast(LogBatch, self.decode(data, "LogBatch")))
+            record: dict[str, Any] = dict(self.decode_log(data))
+            batch = {name: record.pop(name) for name in _SHARED_LOG_FIELDS}
+            return cast(LogBatch, {**batch, "entries": [record]})
+        return cast(LogBatch, self.decode(data, "LogBatch"))
 
     def decode_audit(self, data: bytes) -> AuditReport:
         """Decode an ``AuditReport``."""
         return cast(AuditReport, self.decode(data, "AuditReport"))
 
 
+_SHARED_LOG_FIELDS: Final = (
+    "run_id", "attempt", "rank", "tags", "hostname", "host_ip", "pid", "producer_id"
+)  # fmt: skip
+"""The fields of a LogRecord that a LogBatch holds once for all its entries."""
+
+
 def log_records(batch: LogBatch) -> list[LogRecord]:
     """The :class:`LogRecord` of each entry of ``batch`` (its fields and the shared ones)."""
-    shared = {
-        "run_id": batch["run_id"],
-        "attempt": batch["attempt"],
-        "rank": batch["rank"],
-        "tags": batch["tags"],
-        "hostname": batch["hostname"],
-        "host_ip": batch["host_ip"],
-        "pid": batch["pid"],
-        "producer_id": batch["producer_id"],
-    }
+    shared = {name: batch[name] for name in _SHARED_LOG_FIELDS}
     return [cast(LogRecord, {**shared, **entry}) for entry in batch["entries"]]
 
 

@@ -9,9 +9,10 @@ from typing import Any, cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlpulse.schemas.records import LogRecord, StepSummary
+from rlpulse.schemas.codec import default_codec, log_records
+from rlpulse.schemas.records import LogBatch, LogRecord, StepSummary
 from rlpulse.streams.indexer.bulk import read_bulk_response
-from rlpulse.streams.indexer.documents import IndexNames, log_document, summary_document
+from rlpulse.streams.indexer.documents import IndexNames, log_batch_documents, summary_document
 from rlpulse.streams.indexer.template import templates
 
 NAMES = IndexNames("rlp")
@@ -31,25 +32,47 @@ def record(**changes: Any) -> LogRecord:
     return cast(LogRecord, fields)
 
 
+SHARED = ("run_id", "attempt", "rank", "tags", "hostname", "host_ip", "pid", "producer_id")
+
+
+def batch_of(*records: LogRecord) -> LogBatch:
+    """The LogBatch a trainer sends for ``records`` (one producer's: shared fields alike)."""
+    first: dict[str, Any] = dict(records[0])
+    entries = [{k: v for k, v in r.items() if k not in SHARED} for r in records]
+    return cast(LogBatch, {**{k: first[k] for k in SHARED}, "entries": entries})
+
+
 def test_a_log_record_is_a_document_named_by_its_producer_and_seq_in_its_own_day() -> None:
-    document = log_document(NAMES, record())
-    assert document.id == "p-1:12"
-    assert document.index == "rlp-logs-2026.12.02"  # the record's day, not today's
-    assert log_document(NAMES, record(timestamp_ns=MIDNIGHT_NS)).index == "rlp-logs-2026.12.03"
-    body = json.loads(document.body)
-    assert body["@timestamp"] == (MIDNIGHT_NS - 1) // 10**6
-    assert body["message"] == "CUDA out of memory" and body["fields"] == {"request": "r9"}
-    action, source, end = document.bulk_lines().split(b"\n")
+    late, early = record(seq=12), record(seq=13, timestamp_ns=MIDNIGHT_NS)
+    first, second = log_batch_documents(NAMES, batch_of(late, early))
+    assert (first.id, first.run_id) == ("p-1:12", "run-1")
+    assert first.index == "rlp-logs-2026.12.02"  # the record's day, not today's
+    assert second.index == "rlp-logs-2026.12.03"
+    body = json.loads(first.body)
+    assert body == {**late, "@timestamp": (MIDNIGHT_NS - 1) // 10**6}
+    action, source, end = first.bulk_lines().split(b"\n")
     assert json.loads(action) == {"index": {"_index": "rlp-logs-2026.12.02", "_id": "p-1:12"}}
     assert json.loads(source) == body and end == b""
 
 
-@given(st.text(), st.integers(min_value=0, max_value=2**62))
-def test_the_same_record_always_makes_the_same_document(message: str, seq: int) -> None:
-    first = log_document(IndexNames("rlp"), record(message=message, seq=seq))
-    again = log_document(IndexNames("rlp"), record(message=message, seq=seq))
+def test_an_earlier_release_s_single_record_message_makes_the_same_document() -> None:
+    codec = default_codec()
+    single = codec.decode_log_batch(codec.encode("LogRecord", record()))
+    assert log_records(single) == [record()]
+    assert log_batch_documents(NAMES, single) == log_batch_documents(NAMES, batch_of(record()))
+
+
+@given(st.text(), st.text(), st.integers(min_value=0, max_value=2**62))
+def test_any_text_makes_valid_json_and_the_same_record_the_same_document(
+    message: str, producer: str, seq: int
+) -> None:
+    made = record(message=message, producer_id=producer, seq=seq)
+    (first,) = log_batch_documents(IndexNames("rlp"), batch_of(made))
+    (again,) = log_batch_documents(IndexNames("rlp"), batch_of(made))
     assert first == again
     assert json.loads(first.body)["message"] == message
+    action = json.loads(first.bulk_lines().split(b"\n")[0])
+    assert action["index"]["_id"] == f"{producer}:{seq}"
 
 
 def test_a_summary_lists_its_metrics_and_indexes_non_finite_statistics_as_absent() -> None:

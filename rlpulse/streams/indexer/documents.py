@@ -17,16 +17,17 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any, Final
 
-from rlpulse.schemas.records import LogRecord, StepSummary
+from rlpulse.schemas.records import LogBatch, StepSummary
 
 __all__ = [
     "LOGS",
     "STEPS",
     "Document",
     "IndexNames",
-    "log_document",
+    "log_batch_documents",
     "summary_document",
 ]
 
@@ -48,8 +49,9 @@ class Document:
 
     def bulk_lines(self) -> bytes:
         """The document as two lines of a ``_bulk`` request (an ``index`` action)."""
-        action = _dumps({"index": {"_index": self.index, "_id": self.id}})
-        return action.encode() + b"\n" + self.body + b"\n"
+        # An index name is lower-case letters, digits and ".-_" (IndexNames): no escaping.
+        action = f'{{"index":{{"_index":"{self.index}","_id":{encode_basestring(self.id)}}}}}\n'
+        return action.encode() + self.body + b"\n"
 
 
 class IndexNames:
@@ -73,17 +75,23 @@ class IndexNames:
         return name
 
 
-def log_document(names: IndexNames, record: LogRecord) -> Document:
-    """The document of one log record: its fields, ``@timestamp`` in ms, id ``producer:seq``."""
-    when = record["timestamp_ns"]
-    body: dict[str, Any] = dict(record)
-    body["@timestamp"] = when // _NS_PER_MS
-    return Document(
-        names.of(LOGS, when),
-        f"{record['producer_id']}:{record['seq']}",
-        record["run_id"],
-        _dumps(body).encode(),
-    )
+def log_batch_documents(names: IndexNames, batch: LogBatch) -> list[Document]:
+    """The documents of a LogBatch's records, one a record: its fields, ``@timestamp`` in ms.
+
+    Id ``<producer_id>:<seq>``. The fields the batch's records share are encoded once.
+    """
+    shared = {key: value for key, value in batch.items() if key != "entries"}
+    head = _dumps(shared)[:-1]  # '{"run_id":...,"producer_id":"..."' without its closing brace
+    run_id, producer = batch["run_id"], batch["producer_id"]
+    documents = []
+    for entry in batch["entries"]:
+        when = entry["timestamp_ns"]
+        own = _dumps(entry)[1:-1]
+        body = f'{head},{own},"@timestamp":{when // _NS_PER_MS}}}'
+        documents.append(
+            Document(names.of(LOGS, when), f"{producer}:{entry['seq']}", run_id, body.encode())
+        )
+    return documents
 
 
 def summary_document(names: IndexNames, summary: StepSummary) -> Document:

@@ -45,7 +45,12 @@ from rlpulse.schemas.exceptions import SchemaError
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.settings import Settings
 from rlpulse.streams.indexer.bulk import BulkOutcome, read_bulk_response, retryable_status
-from rlpulse.streams.indexer.documents import Document, IndexNames, log_document, summary_document
+from rlpulse.streams.indexer.documents import (
+    Document,
+    IndexNames,
+    log_batch_documents,
+    summary_document,
+)
 from rlpulse.streams.indexer.exceptions import IndexerError
 from rlpulse.streams.indexer.template import templates
 from rlpulse.transport.clients import new_consumer, new_producer
@@ -257,7 +262,7 @@ class Indexer:
             try:
                 value = message.value() or b""
                 if topic == logs:
-                    documents = [log_document(names, r) for r in codec.decode_logs(value)]
+                    documents = log_batch_documents(names, codec.decode_log_batch(value))
                 else:
                     documents = [summary_document(names, codec.decode_summary(value))]
             except (SchemaError, ValueError, KeyError) as exc:
