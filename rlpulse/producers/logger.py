@@ -63,7 +63,6 @@ from rlpulse.transport.clients import ClientDiagnostics, new_consumer, trainer_p
 from rlpulse.transport.roles import control_group_prefix
 
 log = logging.getLogger(__name__)
-_warn_refused = WarnOnce(log)
 
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 _TEXT_HEADROOM = 8192  # bytes of a log record's size limit kept for its other fields
@@ -116,6 +115,8 @@ class EventLogger:
         self.producer_id = uuid.uuid4().hex
         self.hostname = self.settings.producer.hostname or socket.gethostname()
         self._limits = self.settings.limits
+        self._warn_once = WarnOnce(log)
+        """This logger's memory of the kinds of trouble it warned about."""
         problem = run_problem(self.run_id, self.attempt, self._limits) or count_problem(
             0, len(self.tags), self._limits
         )
@@ -387,7 +388,7 @@ class EventLogger:
             written = writer.append(kind, seq, payload)
         except OSError as exc:
             self._not_written += 1
-            _warn_refused(
+            self._warn_once(
                 "wal-error", "run %s: cannot write the write-ahead log %s (%s); records are "
                 "dropped (counted in EventLogger.dropped)", self.run_id, self.wal_dir, exc,
             )  # fmt: skip
@@ -398,7 +399,7 @@ class EventLogger:
                 handed.append(Frame(writer.start, writer.end, kind, seq, payload))
         else:
             self._not_written += 1
-            _warn_refused(
+            self._warn_once(
                 "wal-full", "run %s: the write-ahead log %s holds producer.spool_max_bytes "
                 "(%d bytes) Kafka has not taken yet; the newest records are dropped (counted "
                 "in EventLogger.dropped)", self.run_id, self.wal_dir, writer.max_bytes,
@@ -481,7 +482,7 @@ class EventLogger:
     def _refuse(self, problem: EventProblem) -> None:
         with self._lock:
             self.refused[problem.code] = self.refused.get(problem.code, 0) + 1
-        _warn_refused(
+        self._warn_once(
             problem.code,
             "run %s rank %d: an event was not sent: %s "
             "(later ones refused for this reason are counted in EventLogger.refused[%r], "

@@ -62,11 +62,6 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
         say,
     )
     follow(deadline)  # after WorkerApp attached the book's counters: refusals at start count
-    GcPauseTimer(worker_app.metrics).install()
-    # faust makes several objects per message; Python's default (a young collection every
-    # 700 allocations) spends the loop's time on them. What start-up built is never garbage.
-    gc.set_threshold(settings.worker.gc_threshold, *gc.get_threshold()[1:])
-    gc.freeze()
     port = settings.worker.metrics_port
     if port is not None:
         start_http_server(port, addr=settings.worker.metrics_host, registry=registry)
@@ -113,6 +108,12 @@ def warn_under_replicated(
 def run_worker(settings: Settings, say: Say) -> None:
     """Start a worker (see :func:`start_up`) and run it until SIGTERM or SIGINT."""
     worker_app = start_up(settings, say)
+    # The process's garbage collector is this function's to set, not start_up's: faust makes
+    # several objects per message, and Python's default (a young collection every 700
+    # allocations) spends the loop's time on them. What start-up built is never garbage.
+    GcPauseTimer(worker_app.metrics).install()
+    gc.set_threshold(settings.worker.gc_threshold, *gc.get_threshold()[1:])
+    gc.freeze()
     level = settings.worker.log_level
     worker = faust.Worker(worker_app.app, loglevel=level, quiet=True)
     if not worker.stdout.isatty():

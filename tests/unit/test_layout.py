@@ -1,5 +1,7 @@
 """The layout of docs/design.md holds: one name per module, and layers that import downwards.
 
+The layers are docs/design.md's table, read from the file: the doc is the contract.
+
 The card's top-level folders (schemas/, producers/, rules/, streams/) are links to the real
 packages under rlpulse/; importing them under their bare names must fail instead of loading
 a second copy of the same files. The parts of rlpulse import each other only downwards, with
@@ -9,9 +11,11 @@ no cycle.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,37 +23,28 @@ from pathlib import Path
 import pytest
 
 import rlpulse
+import rlpulse.exceptions
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "rlpulse"
 CARD_FOLDERS = ("schemas", "producers", "rules", "streams")
 
-# Each part and the parts it may import (besides itself). The order is the layering.
-ALLOWED: dict[str, set[str]] = {
-    "exceptions": set(),
-    "oncelog": set(),
-    "settings": {"exceptions"},
-    "schemas": {"exceptions", "settings"},
-    "rules": {"exceptions", "settings", "schemas"},
-    "transport": {"exceptions", "settings", "schemas", "oncelog"},
-    "producers": {"exceptions", "settings", "schemas", "oncelog", "transport"},
-    "streams": {"exceptions", "settings", "schemas", "oncelog", "transport", "rules", "producers"},
-    "ops": {"exceptions", "settings", "schemas", "transport", "rules"},
-    "offline": {"exceptions", "settings", "schemas", "rules", "producers", "streams"},
-    "local": {"exceptions", "settings", "schemas", "transport", "producers"},
-    "cli": {
-        "exceptions",
-        "settings",
-        "schemas",
-        "rules",
-        "transport",
-        "producers",
-        "streams",
-        "ops",
-        "offline",
-        "local",
-    },
-}
+DESIGN = ROOT / "docs" / "design.md"
+
+
+def layering_table() -> dict[str, set[str]]:
+    """Each part and the parts it may import (besides itself): docs/design.md's table."""
+    table: dict[str, set[str]] = {}
+    for line in DESIGN.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`rlpulse."):
+            continue
+        part = cells[0].strip("`").removeprefix("rlpulse.")
+        table[part] = {name.strip() for name in cells[2].split(",")} - {"—", ""}
+    return table
+
+
+ALLOWED = layering_table()
 
 
 def part_of(module: str) -> str | None:
@@ -173,3 +168,31 @@ def test_the_linter_sees_every_module_once_under_rlpulse() -> None:
         line for line in shown for name in CARD_FOLDERS if line.startswith(f"{ROOT / name}/")
     ]
     assert through_links == []
+
+
+def test_the_table_names_every_part_and_only_parts() -> None:
+    parts = {path.stem if path.is_file() else path.name for path in PACKAGE.iterdir()}
+    parts -= {"__init__", "__main__", "py", "__pycache__"}
+    parts = {
+        part for part in parts if (PACKAGE / part).is_dir() or (PACKAGE / f"{part}.py").exists()
+    }
+    assert set(ALLOWED) == parts
+    for part, allowed in ALLOWED.items():
+        assert allowed <= set(ALLOWED), (
+            f"{part} may import an unknown part: {allowed - set(ALLOWED)}"
+        )
+
+
+def test_every_error_the_design_names_exists_and_is_an_rlpulse_error() -> None:
+    errors = re.findall(r"`(\w+Error)`", DESIGN.read_text().split("Errors:", 1)[1].split("\n\n")[0])
+    assert "StreamsError" in errors
+    found = {}
+    for module in ("rlpulse.exceptions", *(f"rlpulse.{p}.exceptions" for p in ALLOWED)):
+        try:
+            loaded = importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        found.update({name: getattr(loaded, name) for name in dir(loaded)})
+    for name in [name for name in errors if not hasattr(builtins, name)]:
+        assert name in found, f"docs/design.md names {name}, which no exceptions module defines"
+        assert issubclass(found[name], rlpulse.exceptions.RlpulseError), name

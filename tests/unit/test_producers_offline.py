@@ -16,7 +16,6 @@ import pytest
 
 import rlpulse
 import rlpulse.producers
-from rlpulse.oncelog import WarnOnce
 from rlpulse.producers import (
     ControlClient,
     EventLogger,
@@ -28,7 +27,6 @@ from rlpulse.producers import (
     RunLink,
     Settings,
 )
-from rlpulse.producers import logger as logger_module
 from rlpulse.producers.wal import LogMeta, unsent_frames
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.transport import clients as clients_module
@@ -264,10 +262,9 @@ def test_import_does_not_load_the_worker_stack() -> None:
 
 
 def test_events_the_worker_would_refuse_are_counted_not_sent(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Once per reason per process: a fresh process's memory of what it has warned about.
-    monkeypatch.setattr(logger_module, "_warn_refused", WarnOnce(logger_module.log))
+    # Once per reason per logger: each EventLogger remembers what it has warned about.
     caplog.set_level(logging.WARNING, logger="rlpulse.producers")
     logger = EventLogger("run-a", rank=1, world_size=4, settings=unreachable())
     logger.log({"loss": 1.0}, step=1, stage="a|b")
@@ -295,9 +292,8 @@ def test_events_the_worker_would_refuse_are_counted_not_sent(
 
 
 def test_bad_input_at_log_is_counted_and_warned_once_per_reason_never_raised(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(logger_module, "_warn_refused", WarnOnce(logger_module.log))
     caplog.set_level(logging.WARNING, logger="rlpulse.producers")
     link = RunLink("run-a", settings=unreachable())
     for _ in range(2):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from rlpulse.exceptions import RlpulseError
+from rlpulse.streams.exceptions import StreamsError
 
 __all__ = ["ArchiveError", "QueryError"]
 
 
-class ArchiveError(RlpulseError):
+class ArchiveError(StreamsError):
     """The archive cannot be read or written (a bad root, a failing filesystem)."""
 
 

@@ -33,7 +33,6 @@ from rlpulse.streams.exporter.state import command_rule
 __all__ = ["ALERT_NAMES", "AlertForwarder", "command_alert"]
 
 log = logging.getLogger(__name__)
-_warn = WarnOnce(log)
 
 Alert = dict[str, Any]
 
@@ -110,6 +109,7 @@ class AlertForwarder:
         self._pending: deque[Alert] = deque()
         self._wake = threading.Condition()
         self._closed = False
+        self._warn = WarnOnce(log)
         self._thread = threading.Thread(target=self._run, name="rlpulse-alerts", daemon=True)
         self._thread.start()
 
@@ -168,9 +168,9 @@ class AlertForwarder:
                 response.read()
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")[:500]
-            _warn(f"http {exc.code}", "Alertmanager answered %s to alerts: %s", exc.code, body)
+            self._warn(f"http {exc.code}", "Alertmanager answered %s to alerts: %s", exc.code, body)
             return "failed" if exc.code >= 500 else "dropped"
         except (OSError, ValueError) as exc:
-            _warn("unreachable", "Alertmanager at %s unreachable: %s", self.endpoint, exc)
+            self._warn("unreachable", "Alertmanager at %s unreachable: %s", self.endpoint, exc)
             return "failed"
         return "sent"

@@ -37,7 +37,6 @@ from rlpulse.transport.readiness import Deadline
 __all__ = ["ROLES", "Incoming", "Role", "TopicReader"]
 
 log = logging.getLogger(__name__)
-_warn = WarnOnce(log)
 
 Role = Literal["events", "steps", "control", "acks", "dlq", "logs"]
 ROLES: Final[tuple[Role, ...]] = ("events", "steps", "control", "acks", "dlq", "logs")
@@ -70,6 +69,7 @@ class TopicReader:
             "logs": self._log_tally,
         }
         self._consumer: Consumer | None = None
+        self._warn = WarnOnce(log)
         self._live_from: dict[tuple[str, int], int] = {}
         self._behind: list[TopicPartition] = []
 
@@ -149,7 +149,7 @@ class TopicReader:
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
-                    _warn(
+                    self._warn(
                         str(error.code()), "exporter: Kafka error %s: %s", error.name(), error.str()
                     )
                 continue

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rlpulse.exceptions import RlpulseError
+from rlpulse.streams.exceptions import StreamsError
 
 __all__ = ["ExporterError"]
 
 
-class ExporterError(RlpulseError):
+class ExporterError(StreamsError):
     """The exporter could not start: its port is taken, or its settings contradict each other."""

@@ -26,7 +26,6 @@ from rlpulse.transport.clients import new_admin, new_consumer
 __all__ = ["LagProbe"]
 
 log = logging.getLogger(__name__)
-_warn = WarnOnce(log)
 _LATEST: Final[Any] = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 
@@ -40,6 +39,7 @@ class LagProbe:
         self._topic_prefix = f"{settings.prefix}."
         self._admin: AdminClient | None = None
         self._readers: dict[str, Consumer] = {}
+        self._warn = WarnOnce(log)
 
     def measure(self) -> dict[LagKey, int] | None:
         """Lag per (group, topic, partition); None when Kafka did not answer.
@@ -50,7 +50,9 @@ class LagProbe:
             return self._measure()
         except (KafkaException, TimeoutError) as exc:
             reason = str(exc) or "no answer in time"
-            _warn("lag", "exporter: consumer lag not measured (Kafka did not answer): %s", reason)
+            self._warn(
+                "lag", "exporter: consumer lag not measured (Kafka did not answer): %s", reason
+            )
             return None
 
     def _measure(self) -> dict[LagKey, int]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rlpulse.exceptions import RlpulseError
+from rlpulse.streams.exceptions import StreamsError
 
 __all__ = ["IndexerError"]
 
 
-class IndexerError(RlpulseError):
+class IndexerError(StreamsError):
     """The indexer cannot go on: no search engine, or one that refuses it."""
