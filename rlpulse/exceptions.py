@@ -2,10 +2,11 @@
 
 Each package has its own ``exceptions`` module whose base class derives from
 :class:`RlpulseError` (``SchemaError``, ``ProducerError``, ``RulesError``, ``StreamsError``,
-``TransportError``, ``OpsError``, ``SettingsError``, ``LocalError``), so ``except RlpulseError`` catches
-everything rlpulse means to raise and nothing else. Where a built-in says the same (a
-``ValueError`` for a bad value, a ``TimeoutError`` for a deadline), the class derives from
-that too. The command line prints an ``RlpulseError`` as one sentence and exits non-zero.
+``TransportError``, ``OpsError``, ``SettingsError``, ``LocalError``), so
+``except RlpulseError`` catches everything rlpulse means to raise and nothing else. Where a
+built-in says the same (a ``ValueError`` for a bad value, a ``TimeoutError`` for a
+deadline), the class derives from that too. The command line prints an ``RlpulseError`` as
+one sentence and exits non-zero.
 """
 
 from __future__ import annotations
