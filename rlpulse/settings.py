@@ -670,6 +670,11 @@ class IndexSettings(_Section):
     group_id: str | None = Field(
         default=None, description="The indexers' consumer group; unset: <prefix>-index."
     )
+    instance_id: str | None = Field(
+        default=None,
+        description="Static group membership: a restarted indexer with the same id gets its "
+        "partitions back at once, without waiting out the session timeout.",
+    )
     index_prefix: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9._-]*$",

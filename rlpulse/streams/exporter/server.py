@@ -61,7 +61,15 @@ class Exporter:
         self.registry.register(ExporterCollector(self.state, self.lock))
         ProcessCollector(registry=self.registry)
         self.reader = TopicReader(settings)
-        self.probe = LagProbe(settings, [settings.worker_group, settings.exporter_group])
+        self.probe = LagProbe(
+            settings,
+            [
+                settings.worker_group,
+                settings.exporter_group,
+                settings.archive_group,
+                settings.index_group,
+            ],
+        )
         self.forwarder: AlertForwarder | None = None
         self.port: int | None = None
         """The port /metrics listens on, once started."""

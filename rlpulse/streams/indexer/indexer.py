@@ -203,17 +203,15 @@ class Indexer:
             f"indexing into {engine} at {self.url}: {self.names.pattern('logs')}, "
             f"{self.names.pattern('steps')}"
         )
-        consumer = new_consumer(
-            self.settings,
-            self.settings.index_group,
-            "indexer",
-            {
-                "session.timeout.ms": round(index.session_timeout_s * 1000),
-                "fetch.min.bytes": FETCH_MIN_BYTES,
-                "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
-                "topic.metadata.refresh.interval.ms": round(METADATA_REFRESH_S * 1000),
-            },
-        )
+        properties: dict[str, object] = {
+            "session.timeout.ms": round(index.session_timeout_s * 1000),
+            "fetch.min.bytes": FETCH_MIN_BYTES,
+            "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
+            "topic.metadata.refresh.interval.ms": round(METADATA_REFRESH_S * 1000),
+        }
+        if index.instance_id:
+            properties["group.instance.id"] = index.instance_id
+        consumer = new_consumer(self.settings, self.settings.index_group, "indexer", properties)
         self._consumer = consumer
         consumer.subscribe(
             [self.topics.logs, self.topics.steps], on_revoke=self._on_revoke, on_lost=self._on_lost
