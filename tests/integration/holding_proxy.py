@@ -1,8 +1,9 @@
-"""A TCP proxy in front of an HTTP server that can withhold the answer to one ``_bulk`` request.
+"""A TCP proxy in front of an HTTP server that can hold up one ``_bulk`` request.
 
-The request reaches the server, which does its work; its client never hears back. A test
-then kills the client at the worst moment for it: the documents are in, nothing recorded
-that they are.
+Either the request reaches the server, which does its work, and its client never hears back
+(a test then kills the client at the worst moment for it: the documents are in, nothing
+recorded that they are); or the request never reaches the server (the documents are not in,
+and must not be taken for done).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class HoldingProxy:
         self.holding = threading.Event()
         """Set once the server's answer to the held request arrived and was kept back."""
         self._hold_next = threading.Event()
+        self._forward_held = True
         self._sockets: list[socket.socket] = [self._listener]
 
     @property
@@ -33,8 +35,13 @@ class HoldingProxy:
         """The proxy's address, as an HTTP URL."""
         return f"http://127.0.0.1:{self.port}"
 
-    def hold_next_bulk(self) -> None:
-        """Withhold every answer on the connection of the next ``POST .../_bulk`` request."""
+    def hold_next_bulk(self, forward: bool = True) -> None:
+        """Withhold every answer on the connection of the next ``POST .../_bulk`` request.
+
+        ``forward=False``: the request itself is not passed on either (:attr:`holding` is
+        set as soon as it arrives).
+        """
+        self._forward_held = forward
         self._hold_next.set()
 
     def __enter__(self) -> Self:
@@ -69,6 +76,10 @@ class HoldingProxy:
                 if self._hold_next.is_set() and data.startswith(b"POST") and b"_bulk" in data[:200]:
                     self._hold_next.clear()
                     held.set()
+                    if not self._forward_held:
+                        self.holding.set()
+                if held.is_set() and not self._forward_held:
+                    continue
                 server.sendall(data)
 
     def _down(self, server: socket.socket, client: socket.socket, held: threading.Event) -> None:

@@ -424,3 +424,46 @@ def discover_query(url: str) -> tuple[str, str, tuple[str, str]]:
     assert index and query and time_range, state
     lucene = re.sub(r"!(.)", r"\1", query[1])  # rison's escapes
     return index[1], lucene, (time_range[1], time_range[2])
+
+
+def test_a_stop_while_a_request_hangs_commits_nothing_past_it(
+    kafka_bootstrap: str, opensearch_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM while a request never reached the engine: no later request commits past it.
+
+    Fresh topics; two messages of records (100, then 200). The first request, half of the
+    first message, is swallowed on its way; the next one, the rest of that message, waits
+    behind it. Stopped then, the indexer must commit nothing: the next one indexes all 300.
+    """
+    topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
+    ensure_topics(settings_at(kafka_bootstrap), topics, partitions=3)
+    run = IndexedRun(kafka_bootstrap, opensearch_url, topics, tmp_path)
+    settings = {"worker.partitions": 3, "index.bulk_max_docs": 50}
+    target = urllib.parse.urlsplit(opensearch_url)
+    with HoldingProxy(target.hostname or "", target.port or 9200) as proxy:
+        hanging = IndexerProcess(
+            kafka_bootstrap,
+            topics.prefix,
+            proxy.url,
+            tmp_path / "indexer-hanging.log",
+            {**settings, "index.request_timeout_s": 10},  # hangs until after the SIGTERM
+        )
+        with hanging:
+            wait_for(lambda: "indexing into" in hanging.log_text(), "the indexer's start")
+            proxy.hold_next_bulk(forward=False)
+            with EventLogger(run.run_id, settings=settings_at(kafka_bootstrap, topics)) as events:
+                for part in (range(100), range(100, 300)):
+                    for number in part:
+                        events.log_record("INFO", 20, "trainer", f"record {number}", step=number)
+                    assert events.flush(30) == 0  # a message each
+            wait_for(proxy.holding.is_set, "the first request swallowed")
+            time.sleep(1.0)  # the indexer builds the next requests meanwhile
+            assert hanging.stop(timeout_s=30) == 0, hanging.log_text()
+        assert not hanging.killed_after_timeout
+    assert run.count("logs", run.of_run()) < 300
+    with IndexerProcess(
+        kafka_bootstrap, topics.prefix, opensearch_url, tmp_path / "indexer-after.log", settings
+    ) as after:
+        wait_for(lambda: run.count("logs", run.of_run()) >= 300, "the run's 300 records", 60)
+        time.sleep(1.0)
+    assert run.count("logs", run.of_run()) == 300, after.log_text()

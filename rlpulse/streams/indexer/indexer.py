@@ -145,6 +145,8 @@ class Indexer:
         self._bulk = _Bulk()
         self._requests = ThreadPoolExecutor(1, thread_name_prefix="rlpulse-index-bulk")
         self._in_flight: tuple[_Bulk, Future[Refused | None]] | None = None
+        self._broken = False
+        """A request was not all in (stopped, or the engine refused it whole): commit no more."""
         self._warn = WarnOnce(log)
         self._next_report = time.monotonic() + REPORT_S
         self._reported = 0
@@ -244,9 +246,6 @@ class Indexer:
         """Turn messages into documents of the next request; send each request that fills."""
         names, codec, logs = self.names, self.codec, self.topics.logs
         for message in messages:
-            if self._full() and not self._send():
-                return  # stopped: nothing after the last commit counts as read
-            bulk = self._bulk
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
@@ -255,7 +254,6 @@ class Indexer:
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             if topic is None or partition is None or offset is None:
                 continue
-            bulk.offsets[(topic, partition)] = offset + 1
             source = f"{topic}/{partition}/{offset}"
             try:
                 value = message.value() or b""
@@ -266,9 +264,13 @@ class Indexer:
             except (SchemaError, ValueError, KeyError) as exc:
                 self.counts.undecodable += 1
                 self._warn("undecodable", "indexer: skipped a message at %s: %s", source, exc)
-                continue
-            for document in documents:
-                bulk.add(document, source)
+                documents = []
+            for document in documents:  # a LogBatch may fill several requests
+                if self._full() and not self._send():
+                    return  # stopped: nothing after the last commit counts as read
+                self._bulk.add(document, source)
+            # The message is done once the request holding its last document is in.
+            self._bulk.offsets[(topic, partition)] = offset + 1
 
     def _full(self) -> bool:
         bulk, index = self._bulk, self.settings.index
@@ -289,18 +291,21 @@ class Indexer:
     def _settle(self) -> bool:
         """Wait for the request in flight: dead-letter what was refused, then commit.
 
-        False when stopped before every document of it was in.
+        False when stopped (or failed) before every document of it was in: from then on
+        nothing is committed, since a later request's offsets would pass over it.
         """
         if self._in_flight is None:
-            return True
+            return not self._broken
         bulk, future = self._in_flight
         self._in_flight = None
+        self._broken = True  # until this request is known to be in
         refused = future.result()
         if refused is None:
             return False
         if refused:
             self._dead_letters(bulk, refused)
         self._commit(bulk.offsets)
+        self._broken = False
         return True
 
     def _deliver(self, bulk: _Bulk) -> Refused | None:
