@@ -15,8 +15,10 @@ goes to the dead-letter topic with the engine's reason, and that is delivered fi
 requests are committed in the order they were read. Documents the engine could not take now
 (429, 5xx, a connection refused or timed out) are sent again after a pause that doubles up
 to ``retry_max_s``; the next request waits, and nothing beyond it is read meanwhile: a slow
-or absent cluster holds the indexer back, and Kafka keeps the rest. A
-crash anywhere (SIGKILL mid-request included) makes the next member read again from the last
+or absent cluster holds the indexer back, and Kafka keeps the rest. Once a request is not
+all in (stopped while the engine was away), no later one commits: it would pass over it. A
+LogBatch whose records fill several requests is committed with the last of them. A crash
+anywhere (SIGKILL mid-request included) makes the next member read again from the last
 commit; the documents it indexes again keep their ids (:mod:`.documents`) and so overwrite
 themselves.
 
