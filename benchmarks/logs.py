@@ -64,6 +64,7 @@ from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.indexer_process import IndexerProcess
 from rlpulse.local.opensearch import local_search_or_url, request_json
 from rlpulse.producers import EventHandler, EventLogger, Settings
+from rlpulse.producers.fields import LogFields
 from rlpulse.producers.log_wire import LogEncoder, LogSource
 from rlpulse.producers.wal import LOG, LogMeta, WalWriter
 from rlpulse.schemas.codec import default_codec
@@ -513,7 +514,9 @@ def bench_write_ahead(settings: Settings, work: Path, calls: int) -> None:
         events.log_record("INFO", 20, "trainer", "warm-up")
         source = LogSource("run", 0, 0, {}, "host", "10.0.0.1", os.getpid(), "producer")
         encoder = LogEncoder(source, default_codec(), 100_000)
-        packed = encoder.entry(1, "trainer", "INFO", 20, "trainer", "step 1 loss 0.5", 0, 1)
+        packed = encoder.entry(
+            LogFields(1, "trainer", "INFO", 20, "trainer", "step 1 loss 0.5"), 0, 1
+        )
         clock = time.perf_counter_ns
         appends, records = [], []
         for seq in range(calls):

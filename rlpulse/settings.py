@@ -92,8 +92,6 @@ _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
 
 Compression = Literal["lz4", "zstd", "snappy", "gzip", "none"]
 ClientValue = str | int | float | bool
-ActionType = Literal["stop", "checkpoint", "scale_rollout_batch", "set", "alert"]
-"""The action types of a command (``rlpulse.rules.model.ACTION_TYPES``; a test keeps them equal)."""
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 _LEVEL_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
 _DURATION = re.compile(r"^\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[smhdw]?)\s*$")
@@ -352,10 +350,6 @@ class WorkerSettings(JoinerSettings):
 _METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _default_notify_actions() -> list[ActionType]:
-    return ["alert", "stop", "checkpoint"]
-
-
 class ExporterSettings(_Section):
     """The Prometheus exporter: what it serves, how much of it, and whom it tells.
 
@@ -398,9 +392,11 @@ class ExporterSettings(_Section):
     alertmanager_url: str | None = Field(
         default=None, description="Alertmanager to forward rule commands to; unset: off."
     )
-    notify_actions: list[ActionType] = Field(
-        default_factory=_default_notify_actions,
-        description="Commands with one of these actions go to Alertmanager.",
+    notify_actions: list[str] | None = Field(
+        default=None,
+        description="Commands with one of these actions go to Alertmanager; unset: those the "
+        "action contract notifies by default (stop, checkpoint, alert). The exporter refuses "
+        "a name that is no action.",
     )
     alert_ttl_s: float = Field(
         default=3600.0, gt=0, description="A forwarded command's alert resolves after this long."

@@ -14,11 +14,11 @@ from typing import Any
 from hypothesis import strategies as st
 
 from rlpulse.producers.integrations.commands import ActionResult, alert, resize_batch
-from rlpulse.producers.screening import ACTION_PARAMS
+from rlpulse.schemas.actions import ACTIONS
 from rlpulse.schemas.records import Action, ControlCommand, ParamValue
 
-KNOWN_TYPES = sorted(ACTION_PARAMS)
-PARAM_NAMES = sorted({name for req, opt in ACTION_PARAMS.values() for name in req | opt})
+KNOWN_TYPES = ACTIONS.names
+PARAM_NAMES = sorted({name for action in ACTIONS for name in action.param_names})
 
 characters = st.characters(exclude_categories=["Cs"])  # surrogates are not UTF-8
 text = st.text(characters, max_size=40)

@@ -1,4 +1,7 @@
-"""``rlpulse control stop|checkpoint|scale RUN``: act on a run by hand.
+"""``rlpulse control stop|checkpoint|scale|send RUN``: act on a run by hand.
+
+``send`` takes any action of the action contract (:mod:`rlpulse.schemas.actions`) with its
+parameters as ``NAME=VALUE``; the others are shortcuts for the common ones.
 
 A command the run's trainer would refuse (the checks of
 :mod:`rlpulse.producers.screening`, with this side's ``commands.*`` limits) is not sent.
@@ -9,6 +12,7 @@ sent, with ``--no-wait``), 1 rejected, failed or not sent, 2 no ack within the w
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -27,7 +31,9 @@ from rlpulse.cli.common import (
 from rlpulse.ops.acks import AckWatch, describe_ack
 from rlpulse.ops.commands import action, operator_command, publish_command
 from rlpulse.producers.screening import command_problem
-from rlpulse.schemas.records import Action
+from rlpulse.schemas import actions as action_contract
+from rlpulse.schemas.actions import ParamKind
+from rlpulse.schemas.records import Action, ParamValue
 from rlpulse.schemas.topics import Topics
 
 control_app = typer.Typer(
@@ -163,3 +169,68 @@ def control_scale(
     """Scale the rollout batch: new = clamp(round(current * factor), min, max)."""
     scale = action("scale_rollout_batch", factor=factor, min=min_batch, max=max_batch)
     _send(run_id, [scale], bootstrap, prefix, config, attempt, reason, wait, no_wait)
+
+
+def _param_value(kind: ParamKind | None, text: str) -> ParamValue:
+    """``text`` as the value of a parameter of ``kind`` (unknown: as written); screening judges."""
+    if kind in (ParamKind.NUMBER, ParamKind.WHOLE):
+        for parse in (int, float):
+            try:
+                return parse(text)
+            except ValueError:
+                continue
+        return text
+    if kind is ParamKind.SCALAR:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        return value if value is None or isinstance(value, bool | int | float | str) else text
+    return text
+
+
+@control_app.command("send")
+@one_line_errors
+def control_send(
+    run_id: Annotated[str, typer.Argument(help="The run to act on.")],
+    action_name: Annotated[
+        str, typer.Argument(metavar="ACTION", help="An action: stop, checkpoint, alert, ...")
+    ],
+    params: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[NAME=VALUE]...",
+            help="The action's parameters, e.g. factor=0.5 max=256 (set's value is JSON: "
+            'null, true, 3, "text"; plain text is text).',
+        ),
+    ] = None,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = None,
+    attempt: Attempt = 0,
+    reason: Reason = None,
+    wait: Wait = 120.0,
+    no_wait: NoWait = False,
+    config: ConfigFile = None,
+) -> None:
+    """Send one action of the action contract, checked as the trainer will check it."""
+    known = action_contract.ACTIONS
+    kinds = (
+        {spec.name: spec.kind for spec in known[action_name].params} if action_name in known else {}
+    )
+    given: dict[str, ParamValue] = {}
+    for assignment in params or []:
+        name, equals, text = assignment.partition("=")
+        if not equals or not name:
+            raise fail(f"parameter {assignment!r}: expected NAME=VALUE, e.g. factor=0.5")
+        given[name] = _param_value(kinds.get(name), text)
+    _send(
+        run_id,
+        [{"type": action_name, "params": given}],
+        bootstrap,
+        prefix,
+        config,
+        attempt,
+        reason,
+        wait,
+        no_wait,
+    )

@@ -107,6 +107,8 @@ class RunLink:
         interval = settings.producer.system_metrics_interval_s
         self.system = SystemSampler(self.events, interval) if interval is not None else None
         """The system-metrics sampler, when ``producer.system_metrics_interval_s`` is set."""
+        self.log_record = self.events.log_record
+        """Publish one text log record: :meth:`EventLogger.log_record`."""
 
     @classmethod
     def resume(
@@ -183,36 +185,6 @@ class RunLink:
             world_size=world_size,
             policy_version=policy_version,
             trace_id=trace_id,
-        )
-
-    def log_record(
-        self,
-        level: str,
-        levelno: int,
-        logger: str,
-        message: str,
-        *,
-        step: int | None = None,
-        stage: str = "trainer",
-        exception: str | None = None,
-        trace_id: str | None = None,
-        fields: Mapping[str, str] | None = None,
-        sample_rate: float = 1.0,
-        sampled_out: Mapping[str, int] | None = None,
-    ) -> None:
-        """Publish one text log record; see :meth:`EventLogger.log_record`."""
-        self.events.log_record(
-            level,
-            levelno,
-            logger,
-            message,
-            step=step,
-            stage=stage,
-            exception=exception,
-            trace_id=trace_id,
-            fields=fields,
-            sample_rate=sample_rate,
-            sampled_out=sampled_out,
         )
 
     @property

@@ -10,8 +10,10 @@ Avro body, on the caller's thread: those bytes are the write-ahead log's frame
 it; :meth:`LogEncoder.entry` takes one or two (the stage/level/logger bytes of a record
 repeat, and most records end the same way). Its output is byte-identical to the codec's (a
 property test checks it); the head is the codec's own encoding of a batch without entries.
-The layout is LogBatch v1's, :data:`FAST_FINGERPRINT`: a logger refuses to start if the
-newest LogBatch schema is another.
+The schema, not this module, is the authority: each encoder checks at its start that its
+LogEntry layout writes what the codec writes for the newest LogBatch schema (sample records
+with every field set and unset); if the schema changed, entries are written by fastavro
+(slower, still correct) and a warning says the fast layout needs an update.
 
 Messages and tracebacks longer than a record may be are cut (with a note saying how much
 was cut), never refused: a log line that explains a crash must arrive.
@@ -19,18 +21,22 @@ was cut), never refused: a log line that explains a crash must arrive.
 
 from __future__ import annotations
 
+import io
+import logging
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastavro import schemaless_writer
+
+from rlpulse.producers.fields import LogFields
 from rlpulse.producers.wire import avro_string, zigzag
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.exceptions import EncodeError
 from rlpulse.schemas.records import LogEntry, LogRecord
 
 __all__ = [
-    "FAST_FINGERPRINT",
     "LogEncoder",
     "LogSource",
     "TimestampVarint",
@@ -38,8 +44,7 @@ __all__ = [
     "fit_text",
 ]
 
-FAST_FINGERPRINT = bytes.fromhex("3c496b0615a579c5")
-"""CRC-64-AVRO fingerprint (as on the wire) of LogBatch v1, whose LogEntry is written here."""
+log = logging.getLogger(__name__)
 
 _DOUBLE = struct.Struct("<d").pack
 _NULL = b"\x00"
@@ -128,6 +133,15 @@ class LogSource:
     producer_id: str
 
 
+_SAMPLES = (
+    LogFields(3, "trainer", "INFO", 20, "trainer.loop", "step 3 loss 0.5"),
+    LogFields(
+        -(2**40), "rollout", "ERROR", 40, "w", "text é", "Traceback ...", "trace-1",
+        {"k": "v"}, 0.25, {"INFO": 2**33},
+    ),
+)  # fmt: skip
+"""Records that set and unset every field the caller gives: what the layout check encodes."""
+
 _PLAIN_TAIL = _NULL + _NULL + _END_OF_MAP + _RATE_ONE + _END_OF_MAP
 """The end of the LogEntry of most records: no exception, no trace id, no fields, rate 1, no
 sampled-out counts."""
@@ -145,17 +159,48 @@ class LogEncoder:
         self.source = source
         self.max_text_bytes = max_text_bytes
         schema = codec.registry.latest("LogBatch")
-        if schema.fingerprint != FAST_FINGERPRINT:
-            raise EncodeError(
-                f"LogBatch v{schema.version} ({schema.fingerprint.hex()}) is the newest schema, "
-                f"but rlpulse.producers.log_wire writes v1 ({FAST_FINGERPRINT.hex()}): "
-                "update its LogEntry layout"
-            )
         empty = codec.encode("LogBatch", {**self._shared(), "entries": []})
         self.head = empty[:-1]  # without the empty array's terminating count
         """The bytes every batch of this source starts with (header and shared fields)."""
         self._timestamp = TimestampVarint()
         self._middles: dict[tuple[str, str, int, str], bytes] = {}
+        entries = next(f for f in schema.parsed["fields"] if f["name"] == "entries")
+        self._entry_schema: Any = entries["type"]["items"]
+        self._codec = codec
+        self.fast = True
+        self.fast = self._writes_the_schema(f"LogBatch v{schema.version} ({schema.path})")
+        """Whether the precomputed LogEntry layout is used (it writes what the codec writes)."""
+
+    def _writes_the_schema(self, schema: str) -> bool:
+        """Whether :meth:`entry` writes, for sample records, what the codec writes."""
+        for line in _SAMPLES:
+            timestamp_ns, seq = 1_700_000_000_000_000_000, 4242
+            record = self.record(line, timestamp_ns, seq)
+            shared = self._shared()
+            entry = {k: v for k, v in record.items() if k not in shared}
+            try:
+                wanted = self._codec.encode("LogBatch", {**shared, "entries": [entry]})
+                agrees = self.batch([self.entry(line, timestamp_ns, seq)]) == wanted
+            except (EncodeError, KeyError, TypeError, ValueError):
+                agrees = False
+            if not agrees:
+                log.warning(
+                    "rlpulse.producers.log_wire's layout does not write %s; log entries go "
+                    "through fastavro (slower) until LogEncoder is updated",
+                    schema,
+                )
+                return False
+        return True
+
+    def _schema_entry(self, line: LogFields, timestamp_ns: int, seq: int) -> bytes:
+        """:meth:`entry` by fastavro, for a LogBatch schema the fast layout does not write."""
+        entry = self.record(line, timestamp_ns, seq)
+        entry["message"] = fit_text(line.message, self.max_text_bytes)
+        if line.exception is not None:
+            entry["exception"] = fit_text(line.exception, self.max_text_bytes)
+        buffer = io.BytesIO()
+        schemaless_writer(buffer, self._entry_schema, entry)
+        return buffer.getvalue()
 
     def _shared(self) -> dict[str, Any]:
         source = self.source
@@ -180,25 +225,13 @@ class LogEncoder:
                 self._middles[key] = found
         return found
 
-    def entry(
-        self,
-        step: int,
-        stage: str,
-        level: str,
-        levelno: int,
-        logger: str,
-        message: str,
-        timestamp_ns: int,
-        seq: int,
-        *,
-        exception: str | None = None,
-        trace_id: str | None = None,
-        fields: Mapping[str, str] | None = None,
-        sample_rate: float = 1.0,
-        sampled_out: Mapping[str, int] | None = None,
-    ) -> bytes:
+    def entry(self, line: LogFields, timestamp_ns: int, seq: int) -> bytes:
         """The Avro body of one record's LogEntry (text fields cut to fit)."""
-        text = fit_text(message, self.max_text_bytes).encode()
+        if not self.fast:
+            return self._schema_entry(line, timestamp_ns, seq)
+        text = fit_text(line.message, self.max_text_bytes).encode()
+        exception, trace_id, fields = line.exception, line.trace_id, line.fields
+        sample_rate, sampled_out = line.sample_rate, line.sampled_out
         if exception is None and trace_id is None and not fields and not sampled_out:
             tail = (
                 _PLAIN_TAIL
@@ -221,8 +254,8 @@ class LogEncoder:
             (
                 zigzag(seq),
                 self._timestamp(timestamp_ns),
-                zigzag(step),
-                self._middle(stage, level, levelno, logger),
+                zigzag(line.step),
+                self._middle(line.stage, line.level, line.levelno, line.logger),
                 zigzag(len(text)),
                 text,
                 tail,
@@ -233,38 +266,22 @@ class LogEncoder:
         """One LogBatch message of ``entries`` (LogEntry bodies, in seq order)."""
         return self.head + batch_body(entries)
 
-    def record(
-        self,
-        step: int,
-        stage: str,
-        level: str,
-        levelno: int,
-        logger: str,
-        message: str,
-        timestamp_ns: int,
-        seq: int,
-        *,
-        exception: str | None = None,
-        trace_id: str | None = None,
-        fields: Mapping[str, str] | None = None,
-        sample_rate: float = 1.0,
-        sampled_out: Mapping[str, int] | None = None,
-    ) -> LogRecord:
+    def record(self, line: LogFields, timestamp_ns: int, seq: int) -> LogRecord:
         """The whole record as consumers decode it (shared fields and the entry's)."""
         entry: LogEntry = {
             "seq": seq,
             "timestamp_ns": timestamp_ns,
-            "step": step,
-            "stage": stage,
-            "level": level,
-            "levelno": levelno,
-            "logger": logger,
-            "message": message,
-            "exception": exception,
-            "trace_id": trace_id,
-            "fields": {str(k): str(v) for k, v in (fields or {}).items()},
-            "sample_rate": float(sample_rate),
-            "sampled_out": {str(k): int(v) for k, v in (sampled_out or {}).items()},
+            "step": line.step,
+            "stage": line.stage,
+            "level": line.level,
+            "levelno": line.levelno,
+            "logger": line.logger,
+            "message": line.message,
+            "exception": line.exception,
+            "trace_id": line.trace_id,
+            "fields": {str(k): str(v) for k, v in (line.fields or {}).items()},
+            "sample_rate": float(line.sample_rate),
+            "sampled_out": {str(k): int(v) for k, v in (line.sampled_out or {}).items()},
         }
         return {**self._shared(), **entry}  # type: ignore[typeddict-item]
 

@@ -39,6 +39,7 @@ from rlpulse.producers.exceptions import (
     ProducerClosedError,
     RefusedSourceError,
 )
+from rlpulse.producers.fields import EventFields, LogFields
 from rlpulse.producers.jsonl import EVENT_FIELDS, LOG_KIND
 from rlpulse.producers.log_wire import LogEncoder, LogSource
 from rlpulse.producers.rankfiles import RankFileSink
@@ -249,44 +250,37 @@ class EventLogger:
         """
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+        event = EventFields(
+            kind, step, stage, self.world_size if world_size is None else world_size, metrics,
+            level, message, policy_version, trace_id,
+        )  # fmt: skip
         try:
-            self._log(
-                metrics, step, stage, kind, level, message, world_size, policy_version, trace_id
-            )
+            self._log(event)
         except (InvalidFieldError, InvalidValueError) as exc:
             if self._strict:
                 raise
             self._refuse(bad_argument(exc))
 
-    def _log(
-        self,
-        metrics: Mapping[str, float],
-        step: int,
-        stage: str,
-        kind: EventKind,
-        level: str | None,
-        message: str | None,
-        world_size: int | None,
-        policy_version: int | None,
-        trace_id: str | None,
-    ) -> None:
-        """:meth:`log` for arguments it has not checked yet; wrong ones raise."""
-        if kind not in EVENT_KINDS:
-            raise InvalidValueError("kind", kind, EVENT_KINDS)
-        if not isinstance(stage, str):
-            raise InvalidFieldError("stage", None, stage, "a non-empty str")
-        for field, text in (("level", level), ("message", message), ("trace_id", trace_id)):
+    def _log(self, event: EventFields) -> None:
+        """:meth:`log` for fields it has not checked yet; wrong ones raise."""
+        if event.kind not in EVENT_KINDS:
+            raise InvalidValueError("kind", event.kind, EVENT_KINDS)
+        if not isinstance(event.stage, str):
+            raise InvalidFieldError("stage", None, event.stage, "a non-empty str")
+        for field in ("level", "message", "trace_id"):
+            text = getattr(event, field)
             if text is not None and not isinstance(text, str):
                 raise InvalidFieldError(field, None, text, "a str or None")
-        step = require_int("step", step, LONG_MIN, LONG_MAX)
-        if world_size is None:
-            world_size = self.world_size
-        else:
-            world_size = require_int("world_size", world_size, 1)
-        if policy_version is not None:
-            policy_version = require_int("policy_version", policy_version, LONG_MIN, LONG_MAX)
+        step = event.step = require_int("step", event.step, LONG_MIN, LONG_MAX)
+        if event.world_size is not self.world_size:  # the logger's own needs no check
+            event.world_size = require_int("world_size", event.world_size, 1)
+        if event.policy_version is not None:
+            event.policy_version = require_int(
+                "policy_version", event.policy_version, LONG_MIN, LONG_MAX
+            )
+        stage, kind, metrics = event.stage, event.kind, event.metrics
         if kind in {"metrics", "log"}:
-            problem = self._placement_problem(stage, step, world_size, metrics)
+            problem = self._placement_problem(stage, step, event.world_size, metrics)
             if problem is not None:
                 self._refuse(problem)
                 return
@@ -295,11 +289,7 @@ class EventLogger:
                 raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
             seq = self._seq
             try:
-                value = self._encoder.encode(
-                    kind, step, stage, world_size, metrics, time.time_ns(), seq,
-                    level=level, message=message, policy_version=policy_version,
-                    trace_id=trace_id,
-                )  # fmt: skip
+                value = self._encoder.encode(event, time.time_ns(), seq)
             except RefusedEvent as refused:
                 self._refuse(refused.problem)
                 return
@@ -348,17 +338,17 @@ class EventLogger:
                 self._refuse(problem)
                 return
             self._good_stages.add(stage)
+        line = LogFields(
+            step, stage, level, levelno, logger, message, exception, trace_id, fields,
+            sample_rate, sampled_out,
+        )  # fmt: skip
         timestamp_ns = time.time_ns()
         with self._lock:
             if self._closed:
                 raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
             encoder = self._log_encoder or self._new_log_encoder()
             seq = self._seq
-            value = encoder.entry(
-                step, stage, level, levelno, logger, message, timestamp_ns, seq,
-                exception=exception, trace_id=trace_id, fields=fields,
-                sample_rate=sample_rate, sampled_out=sampled_out,
-            )  # fmt: skip
+            value = encoder.entry(line, timestamp_ns, seq)
             problem = size_problem(len(encoder.head) + len(value), self._limits)
             if problem is not None:
                 self._refuse(problem)
@@ -366,12 +356,7 @@ class EventLogger:
             self._seq = seq + 1
             self._append(LOG, seq, value)
         if self.local is not None:
-            line = encoder.record(
-                step, stage, level, levelno, logger, message, timestamp_ns, seq,
-                exception=exception, trace_id=trace_id, fields=fields,
-                sample_rate=sample_rate, sampled_out=sampled_out,
-            )  # fmt: skip
-            self.local.put({"kind": LOG_KIND, **line})
+            self.local.put({"kind": LOG_KIND, **encoder.record(line, timestamp_ns, seq)})
 
     def _append(self, kind: int, seq: int, payload: bytes) -> None:
         """Append an encoded record to the write-ahead log (under the lock); wake the sender.

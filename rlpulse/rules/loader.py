@@ -19,7 +19,9 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from rlpulse.rules.exceptions import PresetNotFoundError, RuleProblem, RulesFileError
-from rlpulse.rules.model import RuleSet, choice_hint, closest, format_number
+from rlpulse.rules.model import RuleSet, choice_hint, closest, format_number, rule_set_model
+from rlpulse.schemas import actions as action_contract
+from rlpulse.schemas.actions import ActionContracts
 
 Loc = tuple[int | str, ...]
 
@@ -114,8 +116,13 @@ def read_rules_source(source: str | os.PathLike[str]) -> tuple[bytes, RuleSet]:
     return resource.read_bytes(), ruleset
 
 
-def parse_rules(text: str, filename: str = "<string>") -> RuleSet:
-    """Validate the rules file ``text``; problems are reported against ``filename``."""
+def parse_rules(
+    text: str, filename: str = "<string>", actions: ActionContracts | None = None
+) -> RuleSet:
+    """Validate the rules file ``text``; problems are reported against ``filename``.
+
+    Its actions are those of ``actions`` (default: the action contract's ``ACTIONS``).
+    """
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
@@ -130,7 +137,8 @@ def parse_rules(text: str, filename: str = "<string>") -> RuleSet:
 
     problems = _duplicate_keys(root, data, filename) + _duplicate_ids(root, data, filename)
     try:
-        ruleset = RuleSet.model_validate(data)
+        model = rule_set_model(action_contract.ACTIONS if actions is None else actions)
+        ruleset = model.model_validate(data)
     except ValidationError as exc:
         errors = [
             error

@@ -2,8 +2,8 @@
 
 A file is ``RuleSet(version=1, rules=[Rule, ...])``. ``Rule.when`` is parsed into a
 :data:`Condition`; each action is a one-key mapping (``{stop: {}}``) whose key names an
-entry of :data:`ACTION_TYPES`. ``Rule.version`` fingerprints the normalised definition,
-so a reload keeps the state of unchanged rules only.
+action of the action contract (:mod:`rlpulse.schemas.actions`). ``Rule.version``
+fingerprints the normalised definition, so a reload keeps the state of unchanged rules only.
 
 The field descriptions are the help editors show: ``rules.schema.json`` is generated from
 these models (:mod:`rlpulse.rules.schema`).
@@ -12,6 +12,7 @@ these models (:mod:`rlpulse.rules.schema`).
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -20,9 +21,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -31,6 +33,7 @@ from pydantic import (
     StringConstraints,
     ValidationInfo,
     WithJsonSchema,
+    create_model,
     field_validator,
     model_serializer,
     model_validator,
@@ -38,6 +41,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
+from rlpulse.schemas.actions import ACTIONS, ActionContract, ActionContracts, ParamKind, ParamSpec
 from rlpulse.schemas.records import ParamValue
 
 AcrossRanks = Literal["mean", "min", "max", "sum", "std", "worst"]
@@ -307,76 +311,72 @@ class Match(_Model):
 
 
 class ActionParams(_Model):
-    """Base of the parameter models of the actions."""
+    """Base of the parameter models of the actions, built from :data:`ACTIONS`."""
+
+    __contract__: ClassVar[ActionContract]
 
     def wire_params(self) -> dict[str, ParamValue]:
-        """Return the ``ControlCommand.actions[].params``; unset options are left out."""
-        return {key: value for key, value in self.model_dump().items() if value is not None}
-
-
-class StopParams(ActionParams):
-    """``stop: {}``: end the run attempt."""
-
-
-class CheckpointParams(ActionParams):
-    """``checkpoint: {tag: ...}``: save a checkpoint, optionally tagged."""
-
-    tag: NonEmptyStr | None = Field(
-        default=None, description="Label of the checkpoint (e.g. kl_violation), for people."
-    )
-
-
-class ScaleRolloutBatchParams(ActionParams):
-    """``scale_rollout_batch``: new = clamp(round(current * factor), min, max)."""
-
-    factor: float = Field(
-        gt=0,
-        allow_inf_nan=False,
-        description="Multiplier of the rollout batch size: new = clamp(round(current * factor), "
-        "min, max).",
-    )
-    min: int | None = Field(default=None, ge=1, description="Smallest batch size to go to.")
-    max: int | None = Field(default=None, ge=1, description="Largest batch size to go to.")
+        """Return the ``ControlCommand.actions[].params``: unset options are left out."""
+        return {
+            spec.name: getattr(self, spec.name)
+            for spec in self.__contract__.params
+            if spec.required or getattr(self, spec.name) is not None
+        }
 
     @model_validator(mode="after")
-    def _min_not_above_max(self) -> ScaleRolloutBatchParams:
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+    def _sound_together(self) -> ActionParams:
+        problem = self.__contract__.cross_problem(self.wire_params(), None)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 
-class SetParams(ActionParams):
-    """``set: {key, value}``: set a trainer setting to a scalar (``null`` included)."""
-
-    key: NonEmptyStr = Field(
-        description="Name of the setting, as the trainer's integration knows it."
-    )
-    value: Scalar = Field(description="New value: a string, a finite number, true, false or null.")
-
-    def wire_params(self) -> dict[str, ParamValue]:
-        """``key`` and ``value``, even when ``value`` is null."""
-        return {"key": self.key, "value": self.value}
-
-
-class AlertParams(ActionParams):
-    """``alert: {severity, message}``: tell a person; the trainer carries on."""
-
-    severity: Severity = Field(description="info, warning or critical.")
-    message: NonEmptyStr = Field(
-        description="What a person should know or do; the command's reason adds the evidence."
-    )
-
-
-ACTION_TYPES: Final[Mapping[str, type[ActionParams]]] = MappingProxyType(
+_FIELD_TYPES: Final[Mapping[ParamKind, Any]] = MappingProxyType(
     {
-        "stop": StopParams,
-        "checkpoint": CheckpointParams,
-        "scale_rollout_batch": ScaleRolloutBatchParams,
-        "set": SetParams,
-        "alert": AlertParams,
+        ParamKind.TEXT: NonEmptyStr,
+        ParamKind.NAME: NonEmptyStr,
+        ParamKind.NUMBER: float,
+        ParamKind.WHOLE: int,
+        ParamKind.SCALAR: Scalar,
+        ParamKind.SEVERITY: Severity,
     }
 )
-"""The registry of action types: name in the rules file -> model of its parameters."""
+"""The pydantic type of each kind of parameter; what a type cannot say, ``problem`` checks."""
+
+
+def _param_field(spec: ParamSpec) -> tuple[Any, Any]:
+    """The pydantic field of one parameter: its type, bounds and description."""
+    kind: Any = _FIELD_TYPES[spec.kind]
+    if spec.kind is ParamKind.NAME:
+
+        def as_name(value: str, spec: ParamSpec = spec) -> str:
+            problem = spec.problem(value, None)
+            if problem is not None:
+                raise ValueError(problem.removeprefix(f"{spec.name} "))
+            return value
+
+        kind = Annotated[kind, AfterValidator(as_name)]
+    options: dict[str, Any] = {"description": spec.description, "gt": spec.gt, "ge": spec.ge}
+    if spec.kind is ParamKind.NUMBER:
+        options["allow_inf_nan"] = False
+    if spec.required:
+        return kind, Field(**options)
+    return kind | None, Field(default=None, **options)
+
+
+def _params_model(contract: ActionContract) -> type[ActionParams]:
+    """The pydantic model of ``contract``'s parameters (``scale_rollout_batch: {...}``)."""
+    name = "".join(part.title() for part in contract.name.split("_")) + "Params"
+    what = contract.description
+    fields = {spec.name: _param_field(spec) for spec in contract.params}
+    model: type[ActionParams] = create_model(  # type: ignore[call-overload]
+        name,
+        __base__=ActionParams,
+        __doc__=f"``{contract.name}``: {what[:1].lower()}{what[1:]}",
+        **fields,
+    )
+    model.__contract__ = contract
+    return model
 
 
 def _one_key_schema(schema: JsonDict) -> None:
@@ -389,33 +389,20 @@ def _one_key_schema(schema: JsonDict) -> None:
                 prop.pop("default", None)
 
 
-class ActionSpec(_Model):
+class ActionSpecBase(_Model):
     """One action of a rule, written as a one-key mapping ``{type: params}``.
 
-    Exactly one field is set; :attr:`type` names it and :attr:`params` holds its value.
+    Its fields, one per declared action, are made from an action contract
+    (:func:`action_spec_model`). Exactly one is set; :attr:`type` names it and :attr:`params`
+    holds its value.
     """
 
-    model_config = ConfigDict(
-        json_schema_extra=_one_key_schema,
-        title="Action",
-    )
-
-    stop: StopParams | None = Field(
-        default=None, description="End the run attempt; nothing is issued for it afterwards."
-    )
-    checkpoint: CheckpointParams | None = Field(default=None, description="Save a checkpoint.")
-    scale_rollout_batch: ScaleRolloutBatchParams | None = Field(
-        default=None, description="Scale the rollout batch size, within [min, max]."
-    )
-    set: SetParams | None = Field(default=None, description="Set a trainer setting to a value.")
-    alert: AlertParams | None = Field(
-        default=None, description="Tell a person; the trainer carries on."
-    )
+    model_config = ConfigDict(json_schema_extra=_one_key_schema, title="Action")
 
     @model_validator(mode="before")
     @classmethod
     def _one_known_key(cls, data: Any) -> Any:
-        if isinstance(data, ActionSpec):
+        if isinstance(data, ActionSpecBase):
             return data
         if not isinstance(data, Mapping) or len(data) != 1:
             raise ValueError(
@@ -423,16 +410,15 @@ class ActionSpec(_Model):
                 f"{{checkpoint: {{tag: best}}}}, got {data!r}"
             )
         ((name, params),) = data.items()
-        if name not in ACTION_TYPES:
-            raise ValueError(
-                f"unknown action {name!r}" + choice_hint(str(name), list(ACTION_TYPES))
-            )
+        known = list(cls.model_fields)
+        if name not in known:
+            raise ValueError(f"unknown action {name!r}" + choice_hint(str(name), known))
         return {name: {} if params is None else params}
 
     @property
     def type(self) -> str:
         """The action's name: ``stop``, ``checkpoint``, ``scale_rollout_batch``, ..."""
-        return next(name for name in ACTION_TYPES if getattr(self, name) is not None)
+        return next(name for name in type(self).model_fields if getattr(self, name) is not None)
 
     @property
     def params(self) -> ActionParams:
@@ -443,6 +429,30 @@ class ActionSpec(_Model):
     @model_serializer
     def _as_written(self) -> dict[str, dict[str, Any]]:
         return {self.type: self.params.model_dump()}
+
+
+@functools.cache
+def action_spec_model(actions: ActionContracts) -> type[ActionSpecBase]:
+    """The model of one action of a rule, with a field for each of ``actions``."""
+    fields = {
+        contract.name: (
+            _params_model(contract) | None,
+            Field(None, description=contract.description),
+        )
+        for contract in actions
+    }
+    model: type[ActionSpecBase] = create_model(  # type: ignore[call-overload]
+        "ActionSpec", __base__=ActionSpecBase, **fields
+    )
+    return model
+
+
+class ActionSpec(action_spec_model(ACTIONS)):  # type: ignore[misc]
+    """One action of a rule, written as a one-key mapping ``{type: params}``.
+
+    One field per action of the contract (:mod:`rlpulse.schemas.actions`); exactly one is
+    set: :attr:`type` names it and :attr:`params` holds its value.
+    """
 
 
 _ORDERED_OPS: Final = (">", ">=", "<", "<=")
@@ -597,3 +607,26 @@ class RuleSet(_Model):
             if rule.id == rule_id:
                 return rule
         raise KeyError(rule_id)
+
+
+@functools.cache
+def rule_set_model(actions: ActionContracts) -> type[RuleSet]:
+    """The model of a rules file whose actions are ``actions`` (:class:`RuleSet` for ACTIONS)."""
+    if actions == ACTIONS:
+        return RuleSet
+    rule_actions = Rule.model_fields["actions"]
+    rule = create_model(
+        "Rule",
+        __base__=Rule,
+        actions=(
+            list[action_spec_model(actions)],  # type: ignore[misc]
+            Field(min_length=1, description=rule_actions.description),
+        ),
+    )
+    rules = RuleSet.model_fields["rules"]
+    model: type[RuleSet] = create_model(
+        "RuleSet",
+        __base__=RuleSet,
+        rules=(list[rule], Field(description=rules.description)),  # type: ignore[valid-type]
+    )
+    return model

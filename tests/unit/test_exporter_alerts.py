@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import get_args
-
 import pytest
 
-from rlpulse.exceptions import SettingsError
-from rlpulse.rules.model import ACTION_TYPES
-from rlpulse.settings import ActionType, ExporterSettings, load_settings
-from rlpulse.streams.exporter.alerts import command_alert
+from rlpulse.settings import ExporterSettings
+from rlpulse.streams.exporter.alerts import command_alert, notified_actions
+from rlpulse.streams.exporter.exceptions import ExporterError
 from tests.unit.exporter_records import command
 
 DEFAULTS = ExporterSettings()
@@ -84,7 +81,10 @@ def test_each_command_is_its_own_alert() -> None:
     }
 
 
-def test_notify_actions_are_the_rules_action_types_and_a_typo_is_refused() -> None:
-    assert set(get_args(ActionType)) == set(ACTION_TYPES)
-    with pytest.raises(SettingsError, match=r"exporter\.notify_actions"):
-        load_settings({"exporter.notify_actions": ["stpo"]})
+def test_notify_actions_are_actions_of_the_contract_and_a_typo_is_refused() -> None:
+    assert notified_actions(DEFAULTS) == ["stop", "checkpoint", "alert"]
+    chosen = ExporterSettings(notify_actions=["set", "stop"])
+    assert notified_actions(chosen) == ["set", "stop"]
+    typo = ExporterSettings(notify_actions=["stpo"])
+    with pytest.raises(ExporterError, match=r"exporter\.notify_actions: 'stpo' .*'stop'"):
+        notified_actions(typo)

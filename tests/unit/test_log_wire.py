@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rlpulse.producers.fields import LogFields
 from rlpulse.producers.log_wire import (
-    FAST_FINGERPRINT,
     LogEncoder,
     LogSource,
     TimestampVarint,
@@ -14,6 +17,7 @@ from rlpulse.producers.log_wire import (
 )
 from rlpulse.producers.wire import zigzag
 from rlpulse.schemas import default_codec
+from tests.schema_change import codec_with_new_field
 
 SHARED = frozenset(
     ("run_id", "attempt", "rank", "tags", "hostname", "host_ip", "pid", "producer_id")
@@ -43,11 +47,13 @@ def test_byte_identical_to_the_codec(
     codec = default_codec()
     source = LogSource("run-1", 2, 3, tags, "node-7", "10.0.0.7", 4242, "p-1")
     encoder = LogEncoder(source, codec, max_text_bytes=10_000)
-    arguments = (step, stage, level, levelno, "trainer.x", message, 1_700_000_000_000_000_000, 9)
-    options = {"exception": exception, "trace_id": trace_id, "fields": fields,
-               "sample_rate": rate, "sampled_out": sampled_out}  # fmt: skip
-    entries = [encoder.entry(*arguments, **options), encoder.entry(*arguments, **options)]  # type: ignore[arg-type]
-    record = encoder.record(*arguments, **options)  # type: ignore[arg-type]
+    line = LogFields(
+        step, stage, level, levelno, "trainer.x", message, exception, trace_id, fields, rate,
+        sampled_out,
+    )  # fmt: skip
+    timestamp_ns, seq = 1_700_000_000_000_000_000, 9
+    entries = [encoder.entry(line, timestamp_ns, seq), encoder.entry(line, timestamp_ns, seq)]
+    record = encoder.record(line, timestamp_ns, seq)
     shared = {k: v for k, v in record.items() if k in SHARED}
     entry = {k: v for k, v in record.items() if k not in SHARED}
     batch = encoder.batch(entries)
@@ -55,8 +61,25 @@ def test_byte_identical_to_the_codec(
     assert codec.decode_logs(batch) == [record, record]
 
 
-def test_the_fast_layout_is_the_newest_schema() -> None:
-    assert default_codec().registry.latest("LogBatch").fingerprint == FAST_FINGERPRINT
+def test_the_fast_layout_writes_the_shipped_schema() -> None:
+    source = LogSource("run-1", 0, 0, {}, "node-7", "10.0.0.7", 4242, "p-1")
+    assert LogEncoder(source, default_codec(), max_text_bytes=10_000).fast
+
+
+def test_a_changed_schema_is_written_by_fastavro_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    thread = {"name": "thread", "type": "string", "default": "main"}
+    codec = codec_with_new_field(tmp_path / "avro", "LogBatch", thread, inside="entries")
+    source = LogSource("run-1", 0, 0, {"a": "b"}, "node-7", "10.0.0.7", 4242, "p-1")
+    encoder = LogEncoder(source, codec, max_text_bytes=10_000)
+    assert not encoder.fast
+    assert "LogBatch v2" in caplog.text and "until LogEncoder is updated" in caplog.text
+    line = LogFields(5, "trainer", "INFO", 20, "trainer", "still readable")
+    (record,) = codec.decode_logs(encoder.batch([encoder.entry(line, 7, 1)]))
+    assert (record["message"], record["step"], record["thread"], record["tags"]) == (  # type: ignore[typeddict-item]
+        "still readable", 5, "main", {"a": "b"},
+    )  # fmt: skip
 
 
 def test_long_text_is_cut_with_a_note_not_refused() -> None:

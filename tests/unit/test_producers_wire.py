@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpulse.producers import InvalidFieldError
-from rlpulse.producers import wire as wire_module
+from rlpulse.producers.fields import EventFields
 from rlpulse.producers.wire import EventEncoder, EventSource, zigzag
-from rlpulse.schemas.codec import Codec, default_codec
+from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import EventKind
 from rlpulse.settings import EventLimits
+from tests.schema_change import codec_with_new_field
 
 LONGS = st.integers(-(2**63), 2**63 - 1)
 INTS = st.integers(-(2**31), 2**31 - 1)
@@ -78,10 +80,11 @@ def test_encoder_matches_the_codec_byte_for_byte(
     codec = default_codec()
     encoder = EventEncoder(src, codec, EventLimits())
     assert encoder.fast
-    args = (kind, step, stage, world_size, metrics, timestamp_ns, seq)
-    extra = {"level": level, "message": message, "policy_version": policy_version}
-    encoded = encoder.encode(*args, trace_id=trace_id, **extra)  # type: ignore[arg-type]
-    expected = codec.encode("TrainerEvent", encoder.record(*args, trace_id=trace_id, **extra))  # type: ignore[arg-type]
+    event = EventFields(
+        kind, step, stage, world_size, metrics, level, message, policy_version, trace_id
+    )
+    encoded = encoder.encode(event, timestamp_ns, seq)
+    expected = codec.encode("TrainerEvent", encoder.record(event, timestamp_ns, seq))
     assert encoded == expected
     assert codec.decode_event(encoded)["metrics"] == {k: float(v) for k, v in metrics.items()}
 
@@ -89,18 +92,21 @@ def test_encoder_matches_the_codec_byte_for_byte(
 def test_non_finite_values_survive() -> None:
     codec = default_codec()
     encoded = EventEncoder(source(), codec, EventLimits()).encode(
-        "metrics", 1, "rollout", 1, {"nan": math.nan, "inf": -math.inf}, 0, 0
+        EventFields("metrics", 1, "rollout", 1, {"nan": math.nan, "inf": -math.inf}), 0, 0
     )
     metrics = codec.decode_event(encoded)["metrics"]
     assert math.isnan(metrics["nan"]) and metrics["inf"] == -math.inf
 
 
-def test_a_newer_schema_falls_back_to_the_codec(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wire_module, "FAST_FINGERPRINT", b"\x00" * 8)
-    codec = Codec()
+def test_a_changed_schema_falls_back_to_the_codec_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu = {"name": "gpu", "type": ["null", "string"], "default": None}
+    codec = codec_with_new_field(tmp_path / "avro", "TrainerEvent", gpu)
     encoder = EventEncoder(source(tags={"a": "b"}), codec, EventLimits())
     assert not encoder.fast
-    encoded = encoder.encode("log", 3, "actor", 2, {"x": 1}, 5, 6, level="INFO", message="m")
+    assert "TrainerEvent v2" in caplog.text and "until EventEncoder is updated" in caplog.text
+    encoded = encoder.encode(EventFields("log", 3, "actor", 2, {"x": 1}, "INFO", "m"), 5, 6)
     event = codec.decode_event(encoded)
     assert (event["kind"], event["step"], event["metrics"], event["tags"]) == (
         "log",
@@ -114,15 +120,15 @@ def test_a_newer_schema_falls_back_to_the_codec(monkeypatch: pytest.MonkeyPatch)
 def test_bad_metric_value_names_its_key(value: object) -> None:
     encoder = EventEncoder(source(), default_codec(), EventLimits())
     with pytest.raises(InvalidFieldError, match=r"metrics\['bad'\]"):
-        encoder.encode("metrics", 1, "s", 1, {"ok": 1.0, "bad": value}, 0, 0)  # type: ignore[dict-item]
+        encoder.encode(EventFields("metrics", 1, "s", 1, {"ok": 1.0, "bad": value}), 0, 0)  # type: ignore[dict-item]
 
 
 def test_bad_metric_key_and_mapping_are_refused() -> None:
     encoder = EventEncoder(source(), default_codec(), EventLimits())
     with pytest.raises(InvalidFieldError, match="str metric names"):
-        encoder.encode("metrics", 1, "s", 1, {3: 1.0}, 0, 0)  # type: ignore[dict-item]
+        encoder.encode(EventFields("metrics", 1, "s", 1, {3: 1.0}), 0, 0)  # type: ignore[dict-item]
     with pytest.raises(InvalidFieldError, match="mapping"):
-        encoder.encode("metrics", 1, "s", 1, [("a", 1.0)], 0, 0)  # type: ignore[arg-type]
+        encoder.encode(EventFields("metrics", 1, "s", 1, [("a", 1.0)]), 0, 0)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("number", [0, 1, -1, 63, -64, 64, -65, 2**31, -(2**63), 2**63 - 1])

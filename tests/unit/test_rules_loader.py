@@ -134,7 +134,7 @@ WHEN_SYNTAX = (
     "'outside [a, b]' or 'non_finite'"
 )
 QUOTE_HINT = "(quote values that start with '>', '|' or '!', e.g. when: \"> 0.5\")"
-ACTIONS = "expected one of: stop, checkpoint, scale_rollout_batch, set, alert"
+ACTIONS = "expected one of: stop, checkpoint, alert, scale_rollout_batch, set"
 RULE_KEYS = (
     "expected one of: across_ranks, actions, cooldown_steps, description, for_steps, id, "
     "match, metric, mode, once, over_steps, stage, when"

@@ -82,10 +82,11 @@ def actions(
         if kind == "checkpoint":
             chosen.append(("checkpoint", (("tag", "t"),) if draw(st.booleans()) else ()))
         elif kind == "scale":
-            params: list[tuple[str, ParamValue]] = [("factor", draw(st.sampled_from((2.0, 0.5))))]
+            factor = draw(st.sampled_from((2.0, 0.5)))
+            params: list[tuple[str, ParamValue]] = [("factor", factor)]
             if draw(st.booleans()):
                 params.append(("min", 8))
-            if draw(st.booleans()):
+            if factor > 1 or draw(st.booleans()):  # a growing factor needs its bound
                 params.append(("max", 256))
             chosen.append(("scale_rollout_batch", tuple(params)))
         elif kind == "set":

@@ -41,8 +41,11 @@ __all__ = [
 ]
 
 VIEWS: Final = ("events", "logs", "steps", "commands", "acks", "audits", "dead_letters")
-_VANISHED: Final = ("No such file", "NO_SUCH_KEY")
-"""What a read of a file deleted after the listing fails with: locally, on S3."""
+_VANISHED: Final = ("No such file", "during GetObject operation")
+"""What a read of a file deleted after the listing fails with: locally; on S3, whether the
+object was gone at the request (``NO_SUCH_KEY``) or deleted while it streamed (S3Proxy then
+ends the response early: ``INTERNAL_FAILURE ... Failed to flush response stream``)."""
+_QUERY_ATTEMPTS: Final = 3
 _HIVE: Final = ds.partitioning(pa.schema(list(PARTITION_COLUMNS)), flavor="hive")
 
 
@@ -149,16 +152,17 @@ def query_archive(
     parameters: list[Any] | None = None,
     options: ArchiveSettings | None = None,
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Open the archive, run ``sql``, close; retried once when a file vanished meanwhile.
+    """Open the archive, run ``sql``, close; retried (listing afresh) when a file vanished.
 
-    Retention (or a crash recovery) may delete a file between the listing and the read.
+    Retention (or a crash recovery) may delete a file between the listing and the read, or
+    while it is read; a file that stays unreadable fails the last attempt with its error.
     """
-    for attempt in (1, 2):
+    for attempt in range(1, _QUERY_ATTEMPTS + 1):
         con = open_archive(root, topics, options=options)
         try:
             return run_sql(con, sql, parameters)
         except QueryError as exc:
-            if attempt == 2 or not any(gone in str(exc) for gone in _VANISHED):
+            if attempt == _QUERY_ATTEMPTS or not any(gone in str(exc) for gone in _VANISHED):
                 raise
         finally:
             con.close()

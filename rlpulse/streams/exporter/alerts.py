@@ -1,8 +1,9 @@
 """Rule commands that tell a person: ControlCommands as alerts for Alertmanager's v2 API.
 
-A command with one of the ``notify_actions`` (by default ``alert``, ``stop`` and
-``checkpoint``; dry-run commands never) becomes one alert: ``alertname`` by its weightiest
-action (``RlpulseRunStopped``, ``RlpulseRunCheckpointed``, ``RlpulseRuleAlert``,
+A command with one of the ``notify_actions`` (by default ``stop``, ``checkpoint`` and
+``alert``; dry-run commands never) becomes one alert: ``alertname`` by its weightiest
+action, as the action contract declares it (:mod:`rlpulse.schemas.actions`:
+``RlpulseRunStopped``, ``RlpulseRunCheckpointed``, ``RlpulseRuleAlert``, else
 ``RlpulseRuleCommand``), labels ``run``, ``rule``, ``severity`` and ``command_id``, the
 command's reason as its ``description``. It starts when the command was issued and resolves
 ``alert_ttl_s`` later. The labels identify the command, so posting it again (an exporter that
@@ -26,24 +27,18 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from rlpulse.oncelog import WarnOnce
+from rlpulse.rules.model import choice_hint
+from rlpulse.schemas.actions import ACTIONS
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.settings import ExporterSettings
+from rlpulse.streams.exporter.exceptions import ExporterError
 from rlpulse.streams.exporter.state import command_rule
 
-__all__ = ["ALERT_NAMES", "AlertForwarder", "command_alert"]
+__all__ = ["AlertForwarder", "command_alert", "notified_actions"]
 
 log = logging.getLogger(__name__)
 
 Alert = dict[str, Any]
-
-ALERT_NAMES: Final = {
-    "stop": ("RlpulseRunStopped", "critical"),
-    "checkpoint": ("RlpulseRunCheckpointed", "warning"),
-    "alert": ("RlpulseRuleAlert", "warning"),
-    "scale_rollout_batch": ("RlpulseRuleCommand", "info"),
-    "set": ("RlpulseRuleCommand", "info"),
-}
-"""Action type -> (alertname, default severity), weightiest first."""
 
 MAX_PENDING: Final = 1000
 """Alerts held while Alertmanager is unreachable; older ones are dropped (counted)."""
@@ -54,15 +49,31 @@ def _rfc3339(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="milliseconds")
 
 
+def notified_actions(settings: ExporterSettings) -> list[str]:
+    """The actions whose commands notify: ``notify_actions``, else the contract's defaults.
+
+    Raises :class:`ExporterError` for a name that is no action (a typo would notify never).
+    """
+    if settings.notify_actions is None:
+        return [action.name for action in ACTIONS if action.notified_by_default]
+    for name in settings.notify_actions:
+        if name not in ACTIONS:
+            raise ExporterError(
+                f"exporter.notify_actions: {name!r} is no action" + choice_hint(name, ACTIONS.names)
+            )
+    return list(settings.notify_actions)
+
+
 def command_alert(command: ControlCommand, settings: ExporterSettings) -> Alert | None:
     """The Alertmanager alert for ``command``, or None if it is not one to notify about."""
     if command["dry_run"]:
         return None
     types = [action["type"] for action in command["actions"]]
-    notified = [t for t in ALERT_NAMES if t in types and t in settings.notify_actions]
+    chosen = notified_actions(settings)
+    notified = [a for a in ACTIONS if a.name in types and a.name in chosen]
     if not notified:
         return None
-    alertname, severity = ALERT_NAMES[notified[0]]
+    alertname, severity = notified[0].alert_name, notified[0].alert_severity
     messages = []
     for action in command["actions"]:
         if action["type"] == "alert":

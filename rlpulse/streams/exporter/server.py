@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 
 from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
 from rlpulse.settings import Settings
-from rlpulse.streams.exporter.alerts import AlertForwarder, command_alert
+from rlpulse.streams.exporter.alerts import AlertForwarder, command_alert, notified_actions
 from rlpulse.streams.exporter.collector import ExporterCollector, reserved_names
 from rlpulse.streams.exporter.consumer import Incoming, TopicReader
 from rlpulse.streams.exporter.exceptions import ExporterError
@@ -54,6 +54,7 @@ class Exporter:
                 f"the exporter's consumer group {settings.exporter_group!r} is the worker's; "
                 "give exporter.group_id another name"
             )
+        notified_actions(settings.exporter)  # a typo in notify_actions is refused at start
         self.settings = settings
         self.lock = threading.Lock()
         self.state = ExporterState(settings.exporter, settings.limits, reserved_names())
@@ -104,7 +105,7 @@ class Exporter:
             with self.lock:
                 self.state.notifications.update(dict.fromkeys(("sent", "failed", "dropped"), 0))
             self.forwarder = AlertForwarder(exporter.alertmanager_url, self._count_notification)
-            say(f"forwarding {', '.join(exporter.notify_actions)} commands to "
+            say(f"forwarding {', '.join(notified_actions(exporter))} commands to "
                 f"{exporter.alertmanager_url}")  # fmt: skip
         self._lag_thread = threading.Thread(
             target=self._measure_lag, name="rlpulse-lag", daemon=True

@@ -1,0 +1,51 @@
+"""What a caller gives for one event or one text log record, as one typed value.
+
+:class:`EventFields` and :class:`LogFields` carry those fields from the public calls
+(:meth:`EventLogger.log <rlpulse.producers.logger.EventLogger.log>`,
+:meth:`~rlpulse.producers.logger.EventLogger.log_record`) to the encoders
+(:mod:`rlpulse.producers.wire`, :mod:`rlpulse.producers.log_wire`): one object instead of a
+long argument list through each layer. The fields every record of a logger shares (run,
+rank, host, ...) are the encoder's source, not these; ``seq`` and the timestamp are given
+under the logger's lock. Plain slotted classes: one is made per record, on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rlpulse.schemas.records import EventKind
+
+__all__ = ["EventFields", "LogFields"]
+
+
+@dataclass(slots=True)
+class EventFields:
+    """One TrainerEvent's own fields, as :meth:`EventLogger.log` was called with them."""
+
+    kind: EventKind
+    step: int
+    stage: str
+    world_size: int
+    metrics: Mapping[str, float]
+    level: str | None = None
+    message: str | None = None
+    policy_version: int | None = None
+    trace_id: str | None = None
+
+
+@dataclass(slots=True)
+class LogFields:
+    """One text log record's own fields (a LogEntry's, without ``seq`` and the timestamp)."""
+
+    step: int
+    stage: str
+    level: str
+    levelno: int
+    logger: str
+    message: str
+    exception: str | None = None
+    trace_id: str | None = None
+    fields: Mapping[str, str] | None = None
+    sample_rate: float = 1.0
+    sampled_out: Mapping[str, int] | None = None
