@@ -59,6 +59,8 @@ import pyarrow.parquet as pq
 from figures import percentile, printer
 from opensearchpy import OpenSearch
 
+from rlpulse.archive.store import ArchiveStore
+from rlpulse.archive.tables import tables_of
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.indexer_process import IndexerProcess
@@ -70,8 +72,6 @@ from rlpulse.producers.wal import LOG, LogMeta, WalWriter
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import load_settings
-from rlpulse.streams.archive.store import ArchiveStore
-from rlpulse.streams.archive.tables import tables_of
 from rlpulse.streams.indexer.documents import IndexNames, log_batch_documents
 from rlpulse.streams.indexer.template import templates
 from rlpulse.transport.clients import new_consumer
@@ -540,7 +540,7 @@ def bench_write_ahead(settings: Settings, work: Path, calls: int) -> None:
 
 
 def profile_archiver(bootstrap: str, work: Path, records: int) -> None:
-    from rlpulse.streams.archive.archiver import Archiver
+    from rlpulse.streams.archiver.archiver import Archiver
 
     topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
     settings = load_settings(

@@ -214,7 +214,7 @@ def bare_agent_main(bootstrap: str, prefix: str, expect: int, done_file: str) ->
     import faust
 
     from rlpulse.settings import WorkerSettings
-    from rlpulse.streams.app import batches, faust_app
+    from rlpulse.streams.worker.app import batches, faust_app
 
     worker = WorkerSettings(
         app_id=f"{prefix}-bare",

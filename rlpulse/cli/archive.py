@@ -76,7 +76,7 @@ def archive(
     """Archive events, logs, steps, commands, acks, audits and dead letters until SIGTERM."""
     if ctx.invoked_subcommand is not None:
         return
-    from rlpulse.streams.archive.archiver import Archiver
+    from rlpulse.streams.archiver.archiver import Archiver
 
     chosen = settings(
         config,
@@ -116,11 +116,11 @@ def archive_prune(
     config: ConfigFile = None,
 ) -> None:
     """Delete archived records older than the retention (a partition's newest files stay)."""
+    from rlpulse.archive.store import ArchiveStore
+    from rlpulse.archive.tables import tables_of
     from rlpulse.schemas.codec import default_codec
     from rlpulse.schemas.topics import Topics
-    from rlpulse.streams.archive.prune import cutoff_ms, prune
-    from rlpulse.streams.archive.store import ArchiveStore
-    from rlpulse.streams.archive.tables import tables_of
+    from rlpulse.streams.archiver.prune import cutoff_ms, prune
 
     chosen = settings(
         config,

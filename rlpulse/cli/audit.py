@@ -25,7 +25,7 @@ def audit(
     Exits 1 when records are lost, when --run names a run the archive holds no records of,
     and when the archive is not there.
     """
-    from rlpulse.streams.archive.audit import audit_runs
+    from rlpulse.archive.audit import audit_runs
 
     con, root = open_for(config, prefix, archive)
     try:

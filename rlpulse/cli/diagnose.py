@@ -11,7 +11,7 @@ from rlpulse.cli.common import ConfigFile, Prefix, err, one_line_errors, out, se
 from rlpulse.cli.reading import ArchiveRoot
 
 if TYPE_CHECKING:
-    from rlpulse.streams.archive.diagnose import LogFilter, LogSummary
+    from rlpulse.offline.diagnose import LogFilter, LogSummary
 
 
 @one_line_errors
@@ -63,10 +63,9 @@ def diagnose(
     config: ConfigFile = None,
 ) -> None:
     """Summarize the log records that match (counts by level and host, frequent messages)."""
-    from rlpulse.schemas.codec import default_codec
-    from rlpulse.schemas.topics import Topics
-    from rlpulse.streams.archive.catalog import open_archive, require_archive
-    from rlpulse.streams.archive.diagnose import (
+    from rlpulse.archive.catalog import open_archive, require_archive
+    from rlpulse.archive.tables import tables_of
+    from rlpulse.offline.diagnose import (
         LogFilter,
         directory_connection,
         level_number,
@@ -76,7 +75,8 @@ def diagnose(
         time_zone,
         write_csv,
     )
-    from rlpulse.streams.archive.tables import tables_of
+    from rlpulse.schemas.codec import default_codec
+    from rlpulse.schemas.topics import Topics
 
     zone = time_zone(tz)
     chosen = LogFilter(
@@ -115,7 +115,7 @@ def diagnose(
 def _print_summary(summary: LogSummary, chosen: LogFilter, source: str) -> None:
     from rich.table import Table
 
-    from rlpulse.streams.archive.diagnose import utc_text
+    from rlpulse.offline.diagnose import utc_text
 
     window = (
         f"from {utc_text(chosen.start_ns) or 'the start'} to {utc_text(chosen.end_ns) or 'now'}"

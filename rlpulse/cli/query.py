@@ -29,8 +29,8 @@ def query(
     """Run SQL over the archive (DuckDB; times are UTC). See docs/logs.md for the columns."""
     if output not in FORMATS:
         raise fail(f"--format {output!r}: use one of {', '.join(FORMATS)}")
+    from rlpulse.archive.catalog import query_archive, require_archive
     from rlpulse.schemas.topics import Topics
-    from rlpulse.streams.archive.catalog import query_archive, require_archive
 
     chosen = settings(config, {"prefix": prefix, "archive.root": archive})
     require_archive(chosen.archive_root, chosen.archive)

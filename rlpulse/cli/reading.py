@@ -30,10 +30,10 @@ def open_for(
 ) -> tuple[duckdb.DuckDBPyConnection, str]:
     """A DuckDB connection over the archive the settings name, and its root.
 
-    Raises :class:`~rlpulse.streams.archive.exceptions.ArchiveError` when it is not there.
+    Raises :class:`~rlpulse.archive.exceptions.ArchiveError` when it is not there.
     """
+    from rlpulse.archive.catalog import open_archive, require_archive
     from rlpulse.schemas.topics import Topics
-    from rlpulse.streams.archive.catalog import open_archive, require_archive
 
     chosen = settings(config, {"prefix": prefix, "archive.root": root})
     require_archive(chosen.archive_root, chosen.archive)

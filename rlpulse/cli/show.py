@@ -11,7 +11,7 @@ from rlpulse.cli.reading import ArchiveRoot, open_for
 from rlpulse.cli.render import cell, print_rows
 
 if TYPE_CHECKING:
-    from rlpulse.streams.archive.drilldown import StepContext
+    from rlpulse.offline.drilldown import StepContext
 
 
 @one_line_errors
@@ -26,7 +26,7 @@ def show(
     config: ConfigFile = None,
 ) -> None:
     """Show a step: its summaries, every rank's metrics, the log records, commands and acks."""
-    from rlpulse.streams.archive.drilldown import step_context
+    from rlpulse.offline.drilldown import step_context
 
     con, _root = open_for(config, prefix, archive)
     try:
@@ -41,7 +41,7 @@ def _metric_text(metrics: Any) -> str:
 
 
 def _print(context: StepContext, margin: float) -> None:
-    from rlpulse.streams.archive.diagnose import utc_text
+    from rlpulse.offline.diagnose import utc_text
 
     out.print(f"[bold]run {context.run_id}, step {context.step}[/]")
     if context.window_ns is not None:

@@ -79,7 +79,7 @@ def worker(
     from rlpulse.rules.exceptions import RulesFileError
     from rlpulse.rules.loader import load_rules_source
     from rlpulse.streams.rulebook import RULES_FROM_TOPIC
-    from rlpulse.streams.worker import run_worker
+    from rlpulse.streams.worker.run import run_worker
 
     chosen = settings(
         config,

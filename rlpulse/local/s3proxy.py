@@ -6,10 +6,10 @@ jars come from Maven Central (``s3proxy/pom.xml``, resolved once into
 start makes a new secret key; :meth:`S3Proxy.archive_settings` and
 :meth:`S3Proxy.environment` hand the endpoint and the credentials to the archive's settings,
 in code or for a child process. Buckets are made through the S3 API by the caller
-(``rlpulse.streams.archive.store.s3_filesystem(..., allow_bucket_creation=True)``).
+(``rlpulse.archive.store.s3_filesystem(..., allow_bucket_creation=True)``).
 
 S3Proxy 2.6.0 refuses the flexible checksums that current AWS SDKs send by default
-(gaul/s3proxy#795); :class:`~rlpulse.streams.archive.store.ArchiveStore` asks for checksums
+(gaul/s3proxy#795); :class:`~rlpulse.archive.store.ArchiveStore` asks for checksums
 only where required, which S3Proxy accepts.
 """
 

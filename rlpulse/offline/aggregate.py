@@ -1,6 +1,6 @@
 """``rlpulse aggregate``: merge the per-rank JSON Lines of a run into one table-like view.
 
-Every line of ``<component>_rank<N>.jsonl`` (read with :mod:`rlpulse.producers.jsonl`,
+Every line of ``<component>_rank<N>.jsonl`` (read with :mod:`rlpulse.schemas.jsonl`,
 ``rank`` filled in from the file name) goes to the row of its merge key, by default
 (step, rank). A row holds the union of the fields of its lines; every row has every
 column, ``null`` where its lines had no value. A field that more than one component
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from rlpulse.producers.jsonl import MalformedLine, RankRecord, read_rank_logs
 from rlpulse.producers.system import SYSTEM_STAGE
+from rlpulse.schemas.jsonl import MalformedLine, RankRecord, read_rank_logs
 
 __all__ = [
     "RUN_FIELD",

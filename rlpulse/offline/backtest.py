@@ -26,7 +26,7 @@ Inputs (:func:`read_recording`, detected from the path):
   fields get defaults (``kind`` metrics, ``attempt`` inferred, ``timestamp_ns`` 0, ``tags``
   empty, ``producer_id`` the file, ``seq`` the line number).
 - a directory in the per-rank layout ``<component>_rank<N>.jsonl``
-  (:mod:`rlpulse.producers.jsonl`), or one such file: the run id is each line's ``run_id``
+  (:mod:`rlpulse.schemas.jsonl`), or one such file: the run id is each line's ``run_id``
   (EventLogger writes it, so runs that share a ``log_dir`` and append to the same files stay
   apart); a line without one belongs to ``--run`` (default: the directory's name). World
   size of a run's component = its rank files that hold a line of that run (1 for a single
@@ -50,7 +50,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, TypeGuard, get_args
 
-from rlpulse.producers.jsonl import (
+from rlpulse.rules.evaluator import RuleEngine
+from rlpulse.rules.model import RuleSet
+from rlpulse.schemas.jsonl import (
     MalformedLine,
     RankFile,
     RankRecord,
@@ -61,8 +63,6 @@ from rlpulse.producers.jsonl import (
     read_rank_file,
     read_rank_logs,
 )
-from rlpulse.rules.evaluator import RuleEngine
-from rlpulse.rules.model import RuleSet
 from rlpulse.schemas.records import (
     ControlCommand,
     EventKind,

@@ -26,12 +26,13 @@ from rlpulse.producers.exceptions import (
     RefusedSourceError,
     StopRequested,
 )
-from rlpulse.producers.jsonl import RankLogWriter
+from rlpulse.producers.fields import EventFields, LogFields
 from rlpulse.producers.link import RunLink
 from rlpulse.producers.logger import EventLogger
 from rlpulse.producers.logging_handler import EventHandler
 from rlpulse.producers.sampling import SamplingFilter
 from rlpulse.producers.trace import current_trace_id, new_trace_id, trace
+from rlpulse.schemas.jsonl import RankLogWriter
 from rlpulse.settings import Settings
 
 __all__ = [
@@ -39,10 +40,12 @@ __all__ = [
     "Broadcast",
     "CommandBus",
     "ControlClient",
+    "EventFields",
     "EventHandler",
     "EventLogger",
     "InvalidFieldError",
     "InvalidValueError",
+    "LogFields",
     "ProducerClosedError",
     "ProducerError",
     "RankLogWriter",

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 from rlpulse.schemas.records import EventKind
 
-__all__ = ["EventFields", "LogFields"]
+__all__ = ["EventFields", "LogFields", "resolved"]
+
+
+def resolved(value: int | None, field: str) -> int:
+    """``value`` of a field the logger fills in before encoding; None there is a bug."""
+    if value is None:
+        raise ValueError(f"{field} was not filled in before encoding")
+    return value
 
 
 @dataclass(slots=True)
@@ -26,7 +33,8 @@ class EventFields:
     kind: EventKind
     step: int
     stage: str
-    world_size: int
+    world_size: int | None
+    """None: the logger's world size."""
     metrics: Mapping[str, float]
     level: str | None = None
     message: str | None = None
@@ -38,7 +46,8 @@ class EventFields:
 class LogFields:
     """One text log record's own fields (a LogEntry's, without ``seq`` and the timestamp)."""
 
-    step: int
+    step: int | None
+    """None: the step of the logger's last metrics event."""
     stage: str
     level: str
     levelno: int

@@ -13,7 +13,7 @@ from rlpulse.producers.ending import CLOSED, FINISHED, RunEnding, stopped_by
 from rlpulse.producers.exceptions import EXIT_STOPPED_BY_RULE, StopRequested
 from rlpulse.producers.logger import EventLogger
 from rlpulse.producers.system import SystemSampler
-from rlpulse.schemas.records import AckStatus, ControlCommand, EventKind
+from rlpulse.schemas.records import AckStatus, ControlCommand
 from rlpulse.settings import Settings
 
 EXPIRED_CHECK = "expired"
@@ -106,9 +106,19 @@ class RunLink:
         """Whether (and why) this attempt's ``run_end`` was sent (rank 0 only sends one)."""
         interval = settings.producer.system_metrics_interval_s
         self.system = SystemSampler(self.events, interval) if interval is not None else None
-        """The system-metrics sampler, when ``producer.system_metrics_interval_s`` is set."""
-        self.log_record = self.events.log_record
+        """The system-metrics sampler, when ``producer.system_metrics_interval_s`` is set; it
+        samples from the link's start to its close."""
+        if self.system is not None:
+            self.system.start()
+        events = self.events
+        self.log = events.log
+        """Publish one event: :meth:`EventLogger.log`."""
+        self.log_record = events.log_record
         """Publish one text log record: :meth:`EventLogger.log_record`."""
+        self.log_event = events.log_event
+        """Publish one event given as :class:`~rlpulse.producers.fields.EventFields`."""
+        self.log_line = events.log_line
+        """Publish one text log record given as :class:`~rlpulse.producers.fields.LogFields`."""
 
     @classmethod
     def resume(
@@ -159,34 +169,6 @@ class RunLink:
         """The run attempt this process is."""
         return self.events.attempt
 
-    def log(
-        self,
-        metrics: Mapping[str, float],
-        step: int,
-        stage: str = "trainer",
-        *,
-        kind: EventKind = "metrics",
-        level: str | None = None,
-        message: str | None = None,
-        world_size: int | None = None,
-        policy_version: int | None = None,
-        trace_id: str | None = None,
-    ) -> None:
-        """Publish one event; see :meth:`EventLogger.log`."""
-        if self.system is not None:
-            self.system.start()
-        self.events.log(
-            metrics,
-            step,
-            stage,
-            kind=kind,
-            level=level,
-            message=message,
-            world_size=world_size,
-            policy_version=policy_version,
-            trace_id=trace_id,
-        )
-
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` ran."""
@@ -194,8 +176,6 @@ class RunLink:
 
     def run_start(self, step: int = 0) -> None:
         """Publish a ``run_start`` event; see :meth:`EventLogger.run_start`."""
-        if self.system is not None:
-            self.system.start()
         self.events.run_start(step)
 
     def run_end(self, step: int, reason: str = FINISHED) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 
 from fastavro import schemaless_writer
 
-from rlpulse.producers.fields import LogFields
+from rlpulse.producers.fields import LogFields, resolved
 from rlpulse.producers.wire import avro_string, zigzag
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.exceptions import EncodeError
@@ -254,7 +254,7 @@ class LogEncoder:
             (
                 zigzag(seq),
                 self._timestamp(timestamp_ns),
-                zigzag(line.step),
+                zigzag(resolved(line.step, "step")),
                 self._middle(line.stage, line.level, line.levelno, line.logger),
                 zigzag(len(text)),
                 text,
@@ -271,7 +271,7 @@ class LogEncoder:
         entry: LogEntry = {
             "seq": seq,
             "timestamp_ns": timestamp_ns,
-            "step": line.step,
+            "step": resolved(line.step, "step"),
             "stage": line.stage,
             "level": line.level,
             "levelno": line.levelno,

@@ -40,7 +40,6 @@ from rlpulse.producers.exceptions import (
     RefusedSourceError,
 )
 from rlpulse.producers.fields import EventFields, LogFields
-from rlpulse.producers.jsonl import EVENT_FIELDS, LOG_KIND
 from rlpulse.producers.log_wire import LogEncoder, LogSource
 from rlpulse.producers.rankfiles import RankFileSink
 from rlpulse.producers.sender import WalSender
@@ -48,6 +47,7 @@ from rlpulse.producers.shipper import HANDOVER_MAX, ShipperCounts
 from rlpulse.producers.wal import EVENT, LOG, Frame, LogMeta, WalWriter, run_wal_dir
 from rlpulse.producers.wire import EventEncoder, EventSource, RefusedEvent
 from rlpulse.schemas.codec import default_codec
+from rlpulse.schemas.jsonl import EVENT_FIELDS, LOG_KIND
 from rlpulse.schemas.records import EventKind
 from rlpulse.schemas.topics import Topics
 from rlpulse.schemas.validation import (
@@ -248,12 +248,16 @@ class EventLogger:
         raise :class:`InvalidFieldError` (a ``TypeError``) or :class:`InvalidValueError`
         (a ``ValueError``) naming the field and key instead.
         """
+        self.log_event(
+            EventFields(
+                kind, step, stage, world_size, metrics, level, message, policy_version, trace_id
+            )
+        )
+
+    def log_event(self, event: EventFields) -> None:
+        """:meth:`log` with the event's fields as one value (what :class:`EventHandler` uses)."""
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
-        event = EventFields(
-            kind, step, stage, self.world_size if world_size is None else world_size, metrics,
-            level, message, policy_version, trace_id,
-        )  # fmt: skip
         try:
             self._log(event)
         except (InvalidFieldError, InvalidValueError) as exc:
@@ -272,7 +276,9 @@ class EventLogger:
             if text is not None and not isinstance(text, str):
                 raise InvalidFieldError(field, None, text, "a str or None")
         step = event.step = require_int("step", event.step, LONG_MIN, LONG_MAX)
-        if event.world_size is not self.world_size:  # the logger's own needs no check
+        if event.world_size is None:
+            event.world_size = self.world_size
+        else:
             event.world_size = require_int("world_size", event.world_size, 1)
         if event.policy_version is not None:
             event.policy_version = require_int(
@@ -327,21 +333,29 @@ class EventLogger:
         a record the worker's limits would refuse (a bad stage) is counted in
         :attr:`refused` instead.
         """
+        line = LogFields(
+            step, stage, level, levelno, logger, message, exception, trace_id, fields,
+            sample_rate, sampled_out,
+        )  # fmt: skip
+        self.log_line(line)
+
+    def log_line(self, line: LogFields) -> None:
+        """:meth:`log_record` with the record's fields as one value (``step`` None: the last)."""
         if not self._records_enabled:
             return
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
-        step = self.last_step if step is None else require_int("step", step, LONG_MIN, LONG_MAX)
+        if line.step is None:
+            line.step = self.last_step
+        else:
+            line.step = require_int("step", line.step, LONG_MIN, LONG_MAX)
+        stage = line.stage
         if stage not in self._good_stages:
             problem = stage_problem(stage) or name_problem(stage, self._limits)
             if problem is not None:
                 self._refuse(problem)
                 return
             self._good_stages.add(stage)
-        line = LogFields(
-            step, stage, level, levelno, logger, message, exception, trace_id, fields,
-            sample_rate, sampled_out,
-        )  # fmt: skip
         timestamp_ns = time.time_ns()
         with self._lock:
             if self._closed:
@@ -424,7 +438,7 @@ class EventLogger:
         return encoder
 
     def _write_metrics(self, step: int, stage: str, metrics: Mapping[str, float], seq: int) -> None:
-        """Hand a metrics event to the local file (the layout of :mod:`rlpulse.producers.jsonl`)."""
+        """Hand a metrics event to the local file (the layout of :mod:`rlpulse.schemas.jsonl`)."""
         assert self.local is not None
         line: dict[str, object] = {"stage": stage, "step": step, "rank": self.rank}
         for name, value in metrics.items():

@@ -20,6 +20,10 @@ Records of rlpulse's own loggers are ignored, so the handler can sit on the root
 without feeding on itself; they reach stderr through the ``rlpulse`` logger's own handler
 (:mod:`rlpulse.oncelog`), however the program's handlers are set up.
 
+The sink is anything with ``log_event(EventFields)`` and ``log_line(LogFields)``
+(:class:`EventSink`; :class:`RunLink` and :class:`EventLogger` have both): the handler hands
+each record over as one typed value (:mod:`rlpulse.producers.fields`).
+
 Settings (``logging.*`` of the sink's settings) apply to text records only, never to
 dict (metrics) records: ``level`` is the lowest level published, ``sampling`` below 1
 samples DEBUG and INFO with a :class:`~rlpulse.producers.sampling.SamplingFilter`, and
@@ -34,9 +38,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from rlpulse.producers.fields import EventFields, LogFields
 from rlpulse.producers.sampling import RATE_ATTR, SAMPLED_OUT_ATTR, SamplingFilter
 from rlpulse.producers.trace import current_trace_id
-from rlpulse.schemas.records import EventKind
 from rlpulse.settings import Settings
 
 _OWN_LOGGERS = "rlpulse"
@@ -57,34 +61,10 @@ _PLAIN_SIZE = len(logging.LogRecord("", 0, "", 0, "", None, None).__dict__)
 class EventSink(Protocol):
     """What the handler publishes through: :class:`RunLink` and :class:`EventLogger` are ones."""
 
-    def log(
-        self,
-        metrics: Mapping[str, float],
-        step: int,
-        stage: str = ...,
-        *,
-        kind: EventKind = ...,
-        level: str | None = ...,
-        message: str | None = ...,
-        world_size: int | None = ...,
-    ) -> None:
+    def log_event(self, event: EventFields) -> None:
         """Publish one event."""
 
-    def log_record(
-        self,
-        level: str,
-        levelno: int,
-        logger: str,
-        message: str,
-        *,
-        step: int | None = ...,
-        stage: str = ...,
-        exception: str | None = ...,
-        trace_id: str | None = ...,
-        fields: Mapping[str, str] | None = ...,
-        sample_rate: float = ...,
-        sampled_out: Mapping[str, int] | None = ...,
-    ) -> None:
+    def log_line(self, line: LogFields) -> None:
         """Publish one text log record."""
 
 
@@ -148,14 +128,16 @@ class EventHandler(logging.Handler):
         for key in ("step", "stage", "world_size"):
             metrics.pop(key, None)
             others.pop(key, None)
-        self.sink.log(
-            metrics,
+        event = EventFields(
+            "metrics",
             self.last_step or 0,
             stage if isinstance(stage, str) and stage else self.stage,
-            level=record.levelname,
-            message=json.dumps(others, default=str) if others else None,
-            world_size=world_size if isinstance(world_size, int) and world_size > 0 else None,
+            world_size if isinstance(world_size, int) and world_size > 0 else None,
+            metrics,
+            record.levelname,
+            json.dumps(others, default=str) if others else None,
         )
+        self.sink.log_event(event)
 
     def _emit_text(self, record: logging.LogRecord) -> None:
         if not self.enabled or record.levelno < self.text_level:
@@ -180,19 +162,20 @@ class EventHandler(logging.Handler):
         fields = None
         if len(extras) > _PLAIN_SIZE:
             fields = {k: str(v) for k, v in extras.items() if k not in _PLAIN_RECORD}
-        self.sink.log_record(
+        line = LogFields(
+            step,
+            stage if isinstance(stage, str) and stage else self.stage,
             record.levelname,
             record.levelno,
             record.name,
             record.getMessage(),
-            step=step,
-            stage=stage if isinstance(stage, str) and stage else self.stage,
-            exception=exception,
-            trace_id=trace_id,
-            fields=fields,
-            sample_rate=extras.get(RATE_ATTR, 1.0),
-            sampled_out=extras.get(SAMPLED_OUT_ATTR),
+            exception,
+            trace_id,
+            fields,
+            extras.get(RATE_ATTR, 1.0),
+            extras.get(SAMPLED_OUT_ATTR),
         )
+        self.sink.log_line(line)
 
     def _formatter(self) -> logging.Formatter:
         return self.formatter or _PLAIN_FORMATTER

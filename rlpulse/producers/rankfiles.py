@@ -1,6 +1,6 @@
 """One rank's local copy of its events and log records: ``<log_dir>/<component>_rank<N>.jsonl``.
 
-The layout is :mod:`rlpulse.producers.jsonl`'s (``rlpulse aggregate`` and ``rlpulse rules
+The layout is :mod:`rlpulse.schemas.jsonl`'s (``rlpulse aggregate`` and ``rlpulse rules
 backtest`` read these files, and ``rlpulse diagnose --log-dir`` their log records): a
 metrics event is a line with ``stage``, ``step``, ``rank``, its metrics at the top level,
 ``timestamp_ns``, ``hostname``, ``pid``, ``run_id`` and ``attempt``; a log record is a line
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from rlpulse.producers.jsonl import rank_log_path
+from rlpulse.schemas.jsonl import rank_log_path
 
 __all__ = ["RankFileSink", "rotated_files"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from rlpulse.producers.exceptions import InvalidFieldError
-from rlpulse.producers.fields import EventFields
+from rlpulse.producers.fields import EventFields, resolved
 from rlpulse.schemas.codec import MAGIC, Codec
 from rlpulse.schemas.exceptions import EncodeError
 from rlpulse.schemas.records import EventKind, TrainerEvent
@@ -164,7 +164,7 @@ class EventEncoder:
             zigzag(event.step),
             avro_string(event.stage),
             self._rank_bytes,
-            zigzag(event.world_size),
+            zigzag(resolved(event.world_size, "world_size")),
         ]
         if metrics:
             append = out.append
@@ -223,7 +223,7 @@ class EventEncoder:
             "step": event.step,
             "stage": event.stage,
             "rank": source.rank,
-            "world_size": event.world_size,
+            "world_size": resolved(event.world_size, "world_size"),
             "metrics": metric_values(event.metrics),
             "level": event.level,
             "message": event.message,

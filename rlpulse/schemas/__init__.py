@@ -1,4 +1,10 @@
-"""Wire contracts of rlpulse: every version of each Avro schema, and the codec."""
+"""The contracts of rlpulse: what its records, commands and files are.
+
+Every version of each Avro schema and the codec (:mod:`.codec`, :mod:`.records`), topic
+names (:mod:`.topics`), the one validation of an event (:mod:`.validation`), command
+signing (:mod:`.signing`), the action contract (:mod:`.actions`) and the trainers'
+per-rank JSON Lines files (:mod:`.jsonl`).
+"""
 
 # `schemas/` at the repository root is a link to this folder (docs/design.md, "Layout"):
 # importing it as `schemas` would load every file a second time, under another name.

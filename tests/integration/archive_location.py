@@ -16,13 +16,13 @@ from typing import Any
 
 import duckdb
 
+from rlpulse.archive.catalog import open_archive, query_archive
+from rlpulse.archive.layout import TEMP_PREFIX, FileName
+from rlpulse.archive.store import ArchiveStore, s3_filesystem
 from rlpulse.local.child_process import setting_variables
 from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ArchiveSettings
-from rlpulse.streams.archive.catalog import open_archive, query_archive
-from rlpulse.streams.archive.layout import TEMP_PREFIX, FileName
-from rlpulse.streams.archive.store import ArchiveStore, s3_filesystem
 
 KINDS = ("local", "s3")
 BUCKET = "rlpulse-tests"

@@ -72,7 +72,7 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import BrokerSettings, Settings
-from rlpulse.streams.app import EXIT_PUBLISH_FAILED
+from rlpulse.streams.worker.app import EXIT_PUBLISH_FAILED
 from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.topics import ensure_topics
 from tests.integration.topic_reader import read_until

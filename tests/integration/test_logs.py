@@ -25,14 +25,14 @@ from typing import Any
 
 import pytest
 
+from rlpulse.archive.catalog import run_sql
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import ControlClient, Settings
-from rlpulse.producers.jsonl import RankRecord, list_rank_files, read_rank_logs
 from rlpulse.producers.sampling import keeps_trace
+from rlpulse.schemas.jsonl import RankRecord, list_rank_files, read_rank_logs
 from rlpulse.schemas.topics import Topics
-from rlpulse.streams.archive.catalog import run_sql
 from tests.integration.archive_location import KINDS, ArchiveLocation
 from tests.integration.log_run import (
     CHATTY_PER_STEP,

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
-from rlpulse.streams.outbox import Outbox
+from rlpulse.streams.worker.outbox import Outbox
 from rlpulse.transport.clients import faust_broker_options
 
 pytestmark = pytest.mark.broker

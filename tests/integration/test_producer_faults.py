@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from rlpulse.archive.catalog import query_archive
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import LocalBroker
 from rlpulse.local.worker_process import WorkerProcess
@@ -39,7 +40,6 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import LogRecord, StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ProducerSettings
-from rlpulse.streams.archive.catalog import query_archive
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.topics import ensure_topics
 from tests.integration.scrape import scrape

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from rlpulse.archive.catalog import query_archive
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exporter_process import ExporterProcess
 from rlpulse.producers import EventLogger
 from rlpulse.schemas.topics import Topics
-from rlpulse.streams.archive.catalog import query_archive
 from tests.kafka import settings_at
 from tests.waiting import wait_for
 

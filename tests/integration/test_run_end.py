@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from rlpulse.archive.catalog import query_archive
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.producers import EXIT_STOPPED_BY_RULE
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import TrainerEvent
 from rlpulse.schemas.topics import Topics
-from rlpulse.streams.archive.catalog import query_archive
 from tests.integration.test_pipeline import start_worker
 from tests.integration.topic_reader import read_until
 

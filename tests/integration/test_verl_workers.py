@@ -25,13 +25,13 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlpulse.archive.catalog import query_archive
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers.integrations.verl_workers import reduce_rank
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import LogRecord, StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
-from rlpulse.streams.archive.catalog import query_archive
 from tests.integration.topic_reader import read_many_until, read_until
 from tests.integration.verl_rank import STEPS
 

@@ -22,7 +22,7 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
-from rlpulse.streams.app import EXIT_PUBLISH_FAILED
+from rlpulse.streams.worker.app import EXIT_PUBLISH_FAILED
 from rlpulse.transport.topics import delete_topics, ensure_topics, topic_exists
 from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at

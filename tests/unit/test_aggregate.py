@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from rlpulse.cli import app
 from rlpulse.offline.aggregate import Aggregator, aggregate, parse_fields
-from rlpulse.producers.jsonl import RankLogWriter, RankRecord, read_rank_logs
+from rlpulse.schemas.jsonl import RankLogWriter, RankRecord, read_rank_logs
 
 RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
 

@@ -13,18 +13,18 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from rlpulse.archive.audit import audit_runs
+from rlpulse.archive.catalog import open_archive, query_archive, run_sql
+from rlpulse.archive.exceptions import QueryError
+from rlpulse.archive.layout import FileName, plan_resume
+from rlpulse.archive.store import ArchiveStore
+from rlpulse.archive.tables import Table, tables_of
 from rlpulse.cli import app
+from rlpulse.offline.drilldown import step_context
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
-from rlpulse.streams.archive.audit import audit_runs
-from rlpulse.streams.archive.buffer import PartitionBuffer
-from rlpulse.streams.archive.catalog import open_archive, query_archive, run_sql
-from rlpulse.streams.archive.drilldown import step_context
-from rlpulse.streams.archive.exceptions import QueryError
-from rlpulse.streams.archive.layout import FileName, plan_resume
-from rlpulse.streams.archive.prune import prune
-from rlpulse.streams.archive.store import ArchiveStore
-from rlpulse.streams.archive.tables import Table, tables_of
+from rlpulse.streams.archiver.buffer import PartitionBuffer
+from rlpulse.streams.archiver.prune import prune
 from tests.unit.test_codec import SAMPLES
 
 TOPICS = Topics("unit")

@@ -25,8 +25,8 @@ from rlpulse.offline.backtest import (
     read_recording,
     run_backtest,
 )
-from rlpulse.producers.jsonl import MalformedLine, RankLogWriter
 from rlpulse.rules import RuleSet, load_preset, load_rules, parse_rules
+from rlpulse.schemas.jsonl import MalformedLine, RankLogWriter
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.settings import JoinerSettings
 

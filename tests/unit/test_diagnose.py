@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.schemas import default_codec
-from rlpulse.schemas.topics import Topics
-from rlpulse.settings import load_settings
-from rlpulse.streams.archive.diagnose import (
+from rlpulse.archive.exceptions import QueryError
+from rlpulse.archive.tables import tables_of
+from rlpulse.offline.diagnose import (
     LogFilter,
     directory_connection,
     fold_message,
@@ -23,8 +22,9 @@ from rlpulse.streams.archive.diagnose import (
     time_zone,
     write_csv,
 )
-from rlpulse.streams.archive.exceptions import QueryError
-from rlpulse.streams.archive.tables import tables_of
+from rlpulse.schemas import default_codec
+from rlpulse.schemas.topics import Topics
+from rlpulse.settings import load_settings
 from tests.unit.test_codec import SAMPLES
 
 EIGHT_UTC = int(datetime.datetime(2025, 10, 1, 8, tzinfo=datetime.UTC).timestamp()) * 10**9

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpulse.producers.jsonl import (
+from rlpulse.schemas.jsonl import (
     EVENT_FIELDS,
     MalformedLine,
     RankFile,

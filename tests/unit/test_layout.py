@@ -196,3 +196,12 @@ def test_every_error_the_design_names_exists_and_is_an_rlpulse_error() -> None:
     for name in [name for name in errors if not hasattr(builtins, name)]:
         assert name in found, f"docs/design.md names {name}, which no exceptions module defines"
         assert issubclass(found[name], rlpulse.exceptions.RlpulseError), name
+
+
+def test_every_package_opens_with_what_it_holds() -> None:
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        docstring = ast.get_docstring(ast.parse(init.read_text()))
+        where = init.relative_to(PACKAGE.parent)
+        assert docstring is not None and len(docstring.split()) >= 5, (
+            f"{where} has no docstring saying what the package holds"
+        )

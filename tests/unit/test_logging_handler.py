@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any
 
 import pytest
 
 from rlpulse.producers import EventHandler, ProducerClosedError
+from rlpulse.producers.fields import EventFields, LogFields
 
 
 class Sink:
@@ -19,20 +21,15 @@ class Sink:
         self.events: list[dict[str, Any]] = []
         self.fail = fail
 
-    def log(
-        self, metrics: Mapping[str, float], step: int, stage: str = "trainer", **kw: Any
-    ) -> None:
+    def log_event(self, event: EventFields) -> None:
         if self.fail:
             raise ProducerClosedError("closed")
-        self.events.append({"metrics": dict(metrics), "step": step, "stage": stage, **kw})
+        self.events.append({**asdict(event), "metrics": dict(event.metrics)})
 
-    def log_record(self, level: str, levelno: int, logger: str, message: str, **kw: Any) -> None:
+    def log_line(self, line: LogFields) -> None:
         if self.fail:
             raise ProducerClosedError("closed")
-        self.events.append(
-            {"kind": "log", "level": level, "levelno": levelno, "logger": logger,
-             "message": message, **kw}
-        )  # fmt: skip
+        self.events.append({**asdict(line), "kind": "log"})
 
 
 @pytest.fixture

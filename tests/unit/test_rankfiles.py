@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from rlpulse.producers import EventHandler, EventLogger
-from rlpulse.producers.jsonl import RankRecord, list_rank_files, read_rank_logs
 from rlpulse.producers.rankfiles import RankFileSink, rotated_files
+from rlpulse.schemas.jsonl import RankRecord, list_rank_files, read_rank_logs
 from rlpulse.settings import load_settings
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlpulse.streams.read_tracker import ReadTracker
+from rlpulse.streams.worker.read_tracker import ReadTracker
 
 TP = ("events", 0)
 

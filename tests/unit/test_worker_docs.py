@@ -7,7 +7,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics import MetricWrapperBase
 
-from rlpulse.streams.metrics import WorkerMetrics
+from rlpulse.streams.worker.metrics import WorkerMetrics
 
 GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "worker.md").read_text()
 

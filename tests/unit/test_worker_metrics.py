@@ -6,7 +6,8 @@ import gc
 
 from prometheus_client import CollectorRegistry
 
-from rlpulse.streams.metrics import GcPauseTimer, WorkerMetrics, label_flag
+from rlpulse.streams.labels import label_flag
+from rlpulse.streams.worker.metrics import GcPauseTimer, WorkerMetrics
 
 
 def test_every_collection_is_timed_by_generation() -> None:

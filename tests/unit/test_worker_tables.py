@@ -15,9 +15,9 @@ from faust.serializers import codecs
 
 from rlpulse.rules import load_preset
 from rlpulse.settings import Settings
-from rlpulse.streams.app import WorkerApp
-from rlpulse.streams.encoded import dumps, loads
 from rlpulse.streams.rulebook import RuleBook
+from rlpulse.streams.worker.app import WorkerApp
+from rlpulse.streams.worker.encoded import dumps, loads
 
 
 def test_every_changelog_reads_back_what_the_worker_writes(tmp_path: Path) -> None:

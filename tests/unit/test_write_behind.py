@@ -16,8 +16,8 @@ import faust
 import pytest
 from faust.serializers import codecs
 
-from rlpulse.streams.state_codec import CODEC_NAME, register_state_codec
-from rlpulse.streams.write_behind import WriteBehind, flush_in_order
+from rlpulse.streams.worker.state_codec import CODEC_NAME, register_state_codec
+from rlpulse.streams.worker.write_behind import WriteBehind, flush_in_order
 
 
 class RecordingOutbox:

@@ -26,7 +26,7 @@ from prometheus_client.samples import Sample
 
 from rlpulse.streams.exporter.naming import DropReason, is_counter, rank_help
 from rlpulse.streams.exporter.state import ExporterState
-from rlpulse.streams.metrics import label_flag
+from rlpulse.streams.labels import label_flag
 
 __all__ = [
     "FAMILIES",

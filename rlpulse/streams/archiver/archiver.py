@@ -2,7 +2,7 @@
 
 One process is one member of the consumer group ``<prefix>-archive`` (Kafka spreads the
 partitions of all topics over the members: run more processes for more throughput). Per
-partition it buffers what it reads (:class:`~rlpulse.streams.archive.buffer.PartitionBuffer`)
+partition it buffers what it reads (:class:`~rlpulse.streams.archiver.buffer.PartitionBuffer`)
 and writes it out as one *flush* when the buffer holds ``roll_bytes`` of messages or its
 oldest one waited ``roll_s``, when the partition is taken away (rebalance), and at stop.
 
@@ -10,7 +10,7 @@ A SIGKILLed archiver's partitions wait for ``session_timeout_s`` before the grou
 on; with ``instance_id`` set (static membership) a restarted archiver gets them back at once.
 
 Effectively once. The files are the truth about what is archived
-(:mod:`rlpulse.streams.archive.layout`): on getting a partition, the archiver lists its
+(:mod:`rlpulse.archive.layout`): on getting a partition, the archiver lists its
 files, deletes an unfinished newest flush (and temporary files) that a crash left, and
 seeks to the offset after the last complete flush, or to the beginning when there is none.
 A flush is written to temporary files, fsynced, and renamed only when all of them are on
@@ -24,7 +24,7 @@ Topics: at start the archiver creates the ``<prefix>.*`` topics no worker has cr
 and says which. Where it may not (a principal that may only read), it says so: a topic
 created later is archived within ``METADATA_REFRESH_S`` of its creation.
 
-Retention: every ``prune_interval_s``, :func:`~rlpulse.streams.archive.prune.prune`.
+Retention: every ``prune_interval_s``, :func:`~rlpulse.streams.archiver.prune.prune`.
 
 Audits: a ``run_end`` event schedules an audit of its run ``audit_delay_s`` later; so does
 silence: a run whose last event this archiver read was not a ``run_end`` and that sent no
@@ -38,7 +38,7 @@ predecessor had archived in full (``rlpulse audit`` does, on demand).
 For an audit, the archiver notes the end offsets of every events and logs partition,
 writes out its own buffers, and waits (up to ``audit_wait_s``) until the archive holds
 every partition up to those offsets (other archivers write theirs within ``roll_s``); then
-it audits the run (:mod:`rlpulse.streams.archive.audit`) and publishes the report to
+it audits the run (:mod:`rlpulse.archive.audit`) and publishes the report to
 ``<prefix>.audits``.
 """
 
@@ -53,17 +53,17 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
+from rlpulse.archive.audit import audit_runs
+from rlpulse.archive.catalog import open_archive
+from rlpulse.archive.layout import FileName, plan_resume
+from rlpulse.archive.store import ArchiveStore
+from rlpulse.archive.tables import Table, tables_of
 from rlpulse.oncelog import WarnOnce
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
-from rlpulse.streams.archive.audit import audit_runs
-from rlpulse.streams.archive.buffer import PartitionBuffer
-from rlpulse.streams.archive.catalog import open_archive
-from rlpulse.streams.archive.layout import FileName, plan_resume
-from rlpulse.streams.archive.prune import cutoff_ms, prune
-from rlpulse.streams.archive.store import ArchiveStore
-from rlpulse.streams.archive.tables import Table, tables_of
+from rlpulse.streams.archiver.buffer import PartitionBuffer
+from rlpulse.streams.archiver.prune import cutoff_ms, prune
 from rlpulse.transport.clients import new_consumer, new_producer
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics_for_reader

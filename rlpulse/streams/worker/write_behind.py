@@ -5,7 +5,7 @@ The joiner rewrites the same few records many times per batch of events (a step'
 once per rank), so the agents use a :class:`WriteBehind` view instead: reads and writes hit
 the table's local store at once, and :meth:`WriteBehind.flush` sends the latest value of each
 changed key once, serialized as faust would (the table's own key and value serializers), through
-an :class:`~rlpulse.streams.outbox.Outbox`. Nothing changes for recovery: the changelog holds
+an :class:`~rlpulse.streams.worker.outbox.Outbox`. Nothing changes for recovery: the changelog holds
 the same final values.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from faust.serializers import codecs
 
-from rlpulse.streams.outbox import Outbox
+from rlpulse.streams.worker.outbox import Outbox
 
 __all__ = ["WriteBehind", "flush_in_order"]
 

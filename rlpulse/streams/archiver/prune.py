@@ -1,7 +1,7 @@
 """Retention: delete archive files whose newest record is older than the cutoff.
 
 A file goes when its newest record (by Kafka timestamp, see
-:mod:`rlpulse.streams.archive.layout`) is older than ``retention_days``; the files of each
+:mod:`rlpulse.archive.layout`) is older than ``retention_days``; the files of each
 partition's newest flush stay, whatever their age, because they say where archiving
 resumes. The archiver runs this every ``prune_interval_s``; ``rlpulse archive prune`` runs
 it once. Safe to run while archivers write: it never touches the newest flush, and a flush
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from rlpulse.streams.archive.layout import newest_flushes
-from rlpulse.streams.archive.store import ArchiveStore
+from rlpulse.archive.layout import newest_flushes
+from rlpulse.archive.store import ArchiveStore
 
 __all__ = ["PruneResult", "cutoff_ms", "prune"]
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import duckdb
 
-from rlpulse.streams.archive.catalog import run_sql
-from rlpulse.streams.archive.exceptions import QueryError
-from rlpulse.streams.archive.tables import day_of, run_partition
+from rlpulse.archive.catalog import run_sql
+from rlpulse.archive.exceptions import QueryError
+from rlpulse.archive.tables import day_of, run_partition
 
 __all__ = ["Rows", "StepContext", "step_context"]
 

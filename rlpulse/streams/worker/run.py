@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
-from rlpulse.streams.app import WorkerApp
-from rlpulse.streams.metrics import GcPauseTimer
 from rlpulse.streams.rulebook import rule_book
+from rlpulse.streams.worker.app import WorkerApp
+from rlpulse.streams.worker.metrics import GcPauseTimer
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from rlpulse.streams.archive.tables import quote_partition
+from rlpulse.archive.tables import quote_partition
 
 __all__ = ["FileName", "Resume", "newest_flushes", "plan_resume", "relative_path"]
 

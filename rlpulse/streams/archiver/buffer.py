@@ -1,10 +1,10 @@
 """The records one partition delivered since its last flush, grouped by date and run.
 
-Rows arrive as dicts, or as the :class:`~rlpulse.streams.archive.tables.BatchRows` of a
+Rows arrive as dicts, or as the :class:`~rlpulse.archive.tables.BatchRows` of a
 batch message; every :data:`BATCH_ROWS` rows of a group become one Arrow record batch,
 built column by column over all of them, so a buffer holds compact columns rather than
 Python objects. :meth:`flush_plan`
-turns the buffer into the files of one flush (see :mod:`rlpulse.streams.archive.layout`).
+turns the buffer into the files of one flush (see :mod:`rlpulse.archive.layout`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from rlpulse.streams.archive.layout import FileName, relative_path
-from rlpulse.streams.archive.tables import (
+from rlpulse.archive.layout import FileName, relative_path
+from rlpulse.archive.tables import (
     BatchColumns,
     BatchRows,
     Rows,

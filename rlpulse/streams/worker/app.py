@@ -33,14 +33,14 @@ is buffered when the agent is ready, at most ``batch_max`` messages, open at mos
 ``batch_window_s``: see :func:`batches`; a batch's cost beyond its events is a few awaited
 produce round trips, so batches keep the worker's capacity without adding to a command's
 latency). The tables are written through
-:class:`~rlpulse.streams.write_behind.WriteBehind`: each changed record goes to its
+:class:`~rlpulse.streams.worker.write_behind.WriteBehind`: each changed record goes to its
 changelog once per batch instead of once per event. Everything it publishes goes through
-:class:`~rlpulse.streams.outbox.Outbox`, which hands it to faust's producer without yielding
+:class:`~rlpulse.streams.worker.outbox.Outbox`, which hands it to faust's producer without yielding
 to the event loop per record, so a batch's records leave in a few produce requests.
 
 Crash safety: after any crash or rebalance no summary or command is lost and none is
 applied twice. After a takeover faust was seen skipping a range of offsets (and committing
-them): :class:`~rlpulse.streams.read_tracker.ReadTracker` notices the gap and the agent
+them): :class:`~rlpulse.streams.worker.read_tracker.ReadTracker` notices the gap and the agent
 seeks back over it; a tick watchdog re-seeks a partition whose delivery stalls.
 Summaries and commands have deterministic ids and their consumers count each id once
 (the rule engine evaluates a step once; the trainer's ControlClient applies a command
@@ -78,16 +78,16 @@ from rlpulse.schemas.signing import sign
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.schemas.validation import size_problem
 from rlpulse.settings import Settings
-from rlpulse.streams.encoded import JsonValues
 from rlpulse.streams.keys import event_stage_key
-from rlpulse.streams.metrics import WorkerMetrics
-from rlpulse.streams.outbox import Outbox
 from rlpulse.streams.pipeline import PipelineTables, Released, StepPipeline
-from rlpulse.streams.read_tracker import ReadTracker, Verdict
 from rlpulse.streams.rulebook import RuleBook
-from rlpulse.streams.state_codec import register_state_codec
-from rlpulse.streams.steady_consumer import use_steady_consumer
-from rlpulse.streams.write_behind import WriteBehind, flush_in_order
+from rlpulse.streams.worker.encoded import JsonValues
+from rlpulse.streams.worker.metrics import WorkerMetrics
+from rlpulse.streams.worker.outbox import Outbox
+from rlpulse.streams.worker.read_tracker import ReadTracker, Verdict
+from rlpulse.streams.worker.state_codec import register_state_codec
+from rlpulse.streams.worker.steady_consumer import use_steady_consumer
+from rlpulse.streams.worker.write_behind import WriteBehind, flush_in_order
 from rlpulse.transport.clients import faust_broker_options, worker_client_id
 from rlpulse.transport.replication import Replication
 from rlpulse.transport.topics import TopicSpec

@@ -24,12 +24,12 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from rlpulse.archive.exceptions import ArchiveError, QueryError
+from rlpulse.archive.store import ArchiveStore
+from rlpulse.archive.tables import PARTITION_COLUMNS, Table, tables_of
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ArchiveSettings
-from rlpulse.streams.archive.exceptions import ArchiveError, QueryError
-from rlpulse.streams.archive.store import ArchiveStore
-from rlpulse.streams.archive.tables import PARTITION_COLUMNS, Table, tables_of
 
 __all__ = [
     "VIEWS",

@@ -6,7 +6,7 @@ when every file of its flush is on disk; then the directories are fsynced. An ob
 (``s3://bucket/prefix``; any other URI ``pyarrow.fs.FileSystem.from_uri`` accepts) has no
 rename, but an object appears whole when its upload completes, or not at all: files are
 written under their final names, one after the other, and a flush cut short shows as fewer
-than its ``n`` files (:mod:`rlpulse.streams.archive.layout` deletes those on resume).
+than its ``n`` files (:mod:`rlpulse.archive.layout` deletes those on resume).
 
 ``s3://`` roots go to AWS S3, or to the S3-compatible server at ``archive.s3_endpoint``
 (:func:`s3_filesystem`); tested against S3Proxy 2.6.0 (:mod:`rlpulse.local.s3proxy`).
@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from rlpulse.archive.exceptions import ArchiveError
+from rlpulse.archive.layout import TEMP_PREFIX, FileName
 from rlpulse.settings import ArchiveSettings
-from rlpulse.streams.archive.exceptions import ArchiveError
-from rlpulse.streams.archive.layout import TEMP_PREFIX, FileName
 
 __all__ = ["CHECKSUM_ENVIRONMENT", "ArchiveStore", "StagedFile", "s3_filesystem"]
 

@@ -1,13 +1,13 @@
-"""Errors raised by ``rlpulse.streams.archive``."""
+"""Errors raised by ``rlpulse.archive``."""
 
 from __future__ import annotations
 
-from rlpulse.streams.exceptions import StreamsError
+from rlpulse.exceptions import RlpulseError
 
 __all__ = ["ArchiveError", "QueryError"]
 
 
-class ArchiveError(StreamsError):
+class ArchiveError(RlpulseError):
     """The archive cannot be read or written (a bad root, a failing filesystem)."""
 
 

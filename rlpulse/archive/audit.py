@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from rlpulse.archive.catalog import run_sql
+from rlpulse.archive.tables import run_partition
 from rlpulse.schemas.records import AuditReport, HostClock, SequenceGap
-from rlpulse.streams.archive.catalog import run_sql
-from rlpulse.streams.archive.tables import run_partition
 
 __all__ = ["ProducerCount", "RunAudit", "audit_runs"]
 

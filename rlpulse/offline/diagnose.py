@@ -28,10 +28,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import duckdb
 import pyarrow as pa
 
-from rlpulse.producers.jsonl import LOG_KIND, MalformedLine, read_json_lines
-from rlpulse.streams.archive.catalog import register_logs, run_sql
-from rlpulse.streams.archive.exceptions import QueryError
-from rlpulse.streams.archive.tables import Table, day_of, run_partition
+from rlpulse.archive.catalog import register_logs, run_sql
+from rlpulse.archive.exceptions import QueryError
+from rlpulse.archive.tables import Table, day_of, run_partition
+from rlpulse.schemas.jsonl import LOG_KIND, MalformedLine, read_json_lines
 
 __all__ = [
     "CSV_COLUMNS",

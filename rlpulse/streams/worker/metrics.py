@@ -7,12 +7,9 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-__all__ = ["GcPauseTimer", "WorkerMetrics", "label_flag"]
+from rlpulse.streams.labels import label_flag
 
-
-def label_flag(value: bool) -> str:
-    """A boolean as a Prometheus label value: ``true`` or ``false`` (worker and exporter alike)."""
-    return "true" if value else "false"
+__all__ = ["GcPauseTimer", "WorkerMetrics"]
 
 
 class WorkerMetrics:
