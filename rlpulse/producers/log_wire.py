@@ -229,6 +229,9 @@ class LogEncoder:
         """The Avro body of one record's LogEntry (text fields cut to fit)."""
         if not self.fast:
             return self._schema_entry(line, timestamp_ns, seq)
+        step = line.step
+        if step is None:
+            raise ValueError("step was not filled in before encoding")
         text = fit_text(line.message, self.max_text_bytes).encode()
         exception, trace_id, fields = line.exception, line.trace_id, line.fields
         sample_rate, sampled_out = line.sample_rate, line.sampled_out
@@ -254,7 +257,7 @@ class LogEncoder:
             (
                 zigzag(seq),
                 self._timestamp(timestamp_ns),
-                zigzag(resolved(line.step, "step")),
+                zigzag(step),
                 self._middle(line.stage, line.level, line.levelno, line.logger),
                 zigzag(len(text)),
                 text,

@@ -259,56 +259,55 @@ class EventLogger:
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
         try:
-            self._log(event)
+            if event.kind not in EVENT_KINDS:
+                raise InvalidValueError("kind", event.kind, EVENT_KINDS)
+            if not isinstance(event.stage, str):
+                raise InvalidFieldError("stage", None, event.stage, "a non-empty str")
+            for field, text in (
+                ("level", event.level), ("message", event.message), ("trace_id", event.trace_id)
+            ):  # fmt: skip
+                if text is not None and not isinstance(text, str):
+                    raise InvalidFieldError(field, None, text, "a str or None")
+            step = event.step
+            if type(step) is not int or not LONG_MIN <= step <= LONG_MAX:  # else it is one
+                step = event.step = require_int("step", step, LONG_MIN, LONG_MAX)
+            if event.world_size is None:
+                event.world_size = self.world_size
+            else:
+                event.world_size = require_int("world_size", event.world_size, 1)
+            if event.policy_version is not None:
+                event.policy_version = require_int(
+                    "policy_version", event.policy_version, LONG_MIN, LONG_MAX
+                )
+            stage, kind, metrics = event.stage, event.kind, event.metrics
+            if kind in {"metrics", "log"}:
+                problem = self._placement_problem(stage, step, event.world_size, metrics)
+                if problem is not None:
+                    self._refuse(problem)
+                    return
+            with self._lock:  # seq order is log order, whichever threads log
+                if self._closed:  # close() ran since the check above
+                    raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+                seq = self._seq
+                try:
+                    value = self._encoder.encode(event, time.time_ns(), seq)
+                except RefusedEvent as refused:
+                    self._refuse(refused.problem)
+                    return
+                problem = size_problem(len(value), self._limits)
+                if problem is not None:
+                    self._refuse(problem)
+                    return
+                self._seq = seq + 1
+                self._append(EVENT, seq, value)
+            if kind == "metrics":
+                self.last_step = step
+                if self.local is not None:
+                    self._write_metrics(step, stage, metrics, seq)
         except (InvalidFieldError, InvalidValueError) as exc:
             if self._strict:
                 raise
             self._refuse(bad_argument(exc))
-
-    def _log(self, event: EventFields) -> None:
-        """:meth:`log` for fields it has not checked yet; wrong ones raise."""
-        if event.kind not in EVENT_KINDS:
-            raise InvalidValueError("kind", event.kind, EVENT_KINDS)
-        if not isinstance(event.stage, str):
-            raise InvalidFieldError("stage", None, event.stage, "a non-empty str")
-        for field in ("level", "message", "trace_id"):
-            text = getattr(event, field)
-            if text is not None and not isinstance(text, str):
-                raise InvalidFieldError(field, None, text, "a str or None")
-        step = event.step = require_int("step", event.step, LONG_MIN, LONG_MAX)
-        if event.world_size is None:
-            event.world_size = self.world_size
-        else:
-            event.world_size = require_int("world_size", event.world_size, 1)
-        if event.policy_version is not None:
-            event.policy_version = require_int(
-                "policy_version", event.policy_version, LONG_MIN, LONG_MAX
-            )
-        stage, kind, metrics = event.stage, event.kind, event.metrics
-        if kind in {"metrics", "log"}:
-            problem = self._placement_problem(stage, step, event.world_size, metrics)
-            if problem is not None:
-                self._refuse(problem)
-                return
-        with self._lock:  # seq order is log order, whichever threads log
-            if self._closed:  # close() ran since the check above
-                raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
-            seq = self._seq
-            try:
-                value = self._encoder.encode(event, time.time_ns(), seq)
-            except RefusedEvent as refused:
-                self._refuse(refused.problem)
-                return
-            problem = size_problem(len(value), self._limits)
-            if problem is not None:
-                self._refuse(problem)
-                return
-            self._seq = seq + 1
-            self._append(EVENT, seq, value)
-        if kind == "metrics":
-            self.last_step = step
-            if self.local is not None:
-                self._write_metrics(step, stage, metrics, seq)
 
     def log_record(
         self,
@@ -345,10 +344,11 @@ class EventLogger:
             return
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
-        if line.step is None:
+        step = line.step
+        if step is None:
             line.step = self.last_step
-        else:
-            line.step = require_int("step", line.step, LONG_MIN, LONG_MAX)
+        elif type(step) is not int or not LONG_MIN <= step <= LONG_MAX:  # else the check is moot
+            line.step = require_int("step", step, LONG_MIN, LONG_MAX)
         stage = line.stage
         if stage not in self._good_stages:
             problem = stage_problem(stage) or name_problem(stage, self._limits)

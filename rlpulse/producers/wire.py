@@ -148,7 +148,9 @@ class EventEncoder:
 
     def encode(self, event: EventFields, timestamp_ns: int, seq: int) -> bytes:
         """The single-object encoding of one event; its fields other than metrics are checked."""
-        metrics = event.metrics
+        metrics, world_size = event.metrics, event.world_size
+        if world_size is None:
+            raise ValueError("world_size was not filled in before encoding")
         if not isinstance(metrics, Mapping):
             raise InvalidFieldError("metrics", None, metrics, "a mapping of metric name to number")
         if not self.fast:
@@ -164,7 +166,7 @@ class EventEncoder:
             zigzag(event.step),
             avro_string(event.stage),
             self._rank_bytes,
-            zigzag(resolved(event.world_size, "world_size")),
+            zigzag(world_size),
         ]
         if metrics:
             append = out.append
