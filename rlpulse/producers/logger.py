@@ -363,10 +363,12 @@ class EventLogger:
             encoder = self._log_encoder or self._new_log_encoder()
             seq = self._seq
             value = encoder.entry(line, timestamp_ns, seq)
-            problem = size_problem(len(encoder.head) + len(value), self._limits)
-            if problem is not None:
-                self._refuse(problem)
-                return
+            size = len(encoder.head) + len(value)
+            if size > self._limits.max_event_bytes:  # rare: only then ask why
+                problem = size_problem(size, self._limits)
+                if problem is not None:
+                    self._refuse(problem)
+                    return
             self._seq = seq + 1
             self._append(LOG, seq, value)
         if self.local is not None:

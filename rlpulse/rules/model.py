@@ -313,19 +313,19 @@ class Match(_Model):
 class ActionParams(_Model):
     """Base of the parameter models of the actions, built from :data:`ACTIONS`."""
 
-    __contract__: ClassVar[ActionContract]
+    contract: ClassVar[ActionContract]
 
     def wire_params(self) -> dict[str, ParamValue]:
         """Return the ``ControlCommand.actions[].params``: unset options are left out."""
         return {
             spec.name: getattr(self, spec.name)
-            for spec in self.__contract__.params
+            for spec in self.contract.params
             if spec.required or getattr(self, spec.name) is not None
         }
 
     @model_validator(mode="after")
     def _sound_together(self) -> ActionParams:
-        problem = self.__contract__.cross_problem(self.wire_params(), None)
+        problem = self.contract.cross_problem(self.wire_params(), None)
         if problem is not None:
             raise ValueError(problem)
         return self
@@ -375,7 +375,7 @@ def _params_model(contract: ActionContract) -> type[ActionParams]:
         __doc__=f"``{contract.name}``: {what[:1].lower()}{what[1:]}",
         **fields,
     )
-    model.__contract__ = contract
+    model.contract = contract
     return model
 
 
