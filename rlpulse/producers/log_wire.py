@@ -167,9 +167,10 @@ class LogEncoder:
         entries = next(f for f in schema.parsed["fields"] if f["name"] == "entries")
         self._entry_schema: Any = entries["type"]["items"]
         self._codec = codec
-        self.fast = True
         self.fast = self._writes_the_schema(f"LogBatch v{schema.version} ({schema.path})")
         """Whether the precomputed LogEntry layout is used (it writes what the codec writes)."""
+        if not self.fast:
+            self.entry = self._schema_entry  # type: ignore[method-assign]
 
     def _writes_the_schema(self, schema: str) -> bool:
         """Whether :meth:`entry` writes, for sample records, what the codec writes."""
@@ -227,12 +228,13 @@ class LogEncoder:
 
     def entry(self, line: LogFields, timestamp_ns: int, seq: int) -> bytes:
         """The Avro body of one record's LogEntry (text fields cut to fit)."""
-        if not self.fast:
-            return self._schema_entry(line, timestamp_ns, seq)
         step = line.step
         if step is None:
             raise ValueError("step was not filled in before encoding")
-        text = fit_text(line.message, self.max_text_bytes).encode()
+        message = line.message
+        if len(message) * 4 > self.max_text_bytes:  # else it fits, whatever its characters
+            message = fit_text(message, self.max_text_bytes)
+        text = message.encode()
         exception, trace_id, fields = line.exception, line.trace_id, line.fields
         sample_rate, sampled_out = line.sample_rate, line.sampled_out
         if exception is None and trace_id is None and not fields and not sampled_out:
