@@ -22,18 +22,17 @@ was cut), never refused: a log line that explains a crash must arrive.
 from __future__ import annotations
 
 import io
-import logging
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fastavro import schemaless_writer
 
 from rlpulse.producers.fields import LogFields, resolved
-from rlpulse.producers.wire import avro_string, zigzag
+from rlpulse.producers.wire import avro_string, layout_agrees, zigzag
 from rlpulse.schemas.codec import Codec
-from rlpulse.schemas.exceptions import EncodeError
 from rlpulse.schemas.records import LogEntry, LogRecord
 
 __all__ = [
@@ -44,7 +43,6 @@ __all__ = [
     "fit_text",
 ]
 
-log = logging.getLogger(__name__)
 
 _DOUBLE = struct.Struct("<d").pack
 _NULL = b"\x00"
@@ -167,31 +165,23 @@ class LogEncoder:
         entries = next(f for f in schema.parsed["fields"] if f["name"] == "entries")
         self._entry_schema: Any = entries["type"]["items"]
         self._codec = codec
-        self.fast = self._writes_the_schema(f"LogBatch v{schema.version} ({schema.path})")
+        self.fast = layout_agrees(
+            "LogEncoder",
+            f"LogBatch v{schema.version} ({schema.path})",
+            [partial(self._sample, line) for line in _SAMPLES],
+        )
         """Whether the precomputed LogEntry layout is used (it writes what the codec writes)."""
         if not self.fast:
             self.entry = self._schema_entry  # type: ignore[method-assign]
 
-    def _writes_the_schema(self, schema: str) -> bool:
-        """Whether :meth:`entry` writes, for sample records, what the codec writes."""
-        for line in _SAMPLES:
-            timestamp_ns, seq = 1_700_000_000_000_000_000, 4242
-            record = self.record(line, timestamp_ns, seq)
-            shared = self._shared()
-            entry = {k: v for k, v in record.items() if k not in shared}
-            try:
-                wanted = self._codec.encode("LogBatch", {**shared, "entries": [entry]})
-                agrees = self.batch([self.entry(line, timestamp_ns, seq)]) == wanted
-            except (EncodeError, KeyError, TypeError, ValueError):
-                agrees = False
-            if not agrees:
-                log.warning(
-                    "rlpulse.producers.log_wire's layout does not write %s; log entries go "
-                    "through fastavro (slower) until LogEncoder is updated",
-                    schema,
-                )
-                return False
-        return True
+    def _sample(self, line: LogFields) -> tuple[bytes, bytes]:
+        """One sample record as a batch, by :meth:`entry` and by the codec."""
+        timestamp_ns, seq = 1_700_000_000_000_000_000, 4242
+        record = self.record(line, timestamp_ns, seq)
+        shared = self._shared()
+        entry = {k: v for k, v in record.items() if k not in shared}
+        wanted = self._codec.encode("LogBatch", {**shared, "entries": [entry]})
+        return self.batch([self.entry(line, timestamp_ns, seq)]), wanted
 
     def _schema_entry(self, line: LogFields, timestamp_ns: int, seq: int) -> bytes:
         """:meth:`entry` by fastavro, for a LogBatch schema the fast layout does not write."""

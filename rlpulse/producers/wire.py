@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import get_args
 
 from rlpulse.producers.exceptions import InvalidFieldError
@@ -97,6 +98,35 @@ _SAMPLES = (
 """Events that set and unset every field the caller gives: what the layout check encodes."""
 
 
+_SAMPLE_NS = 1_700_000_000_000_000_000
+_SAMPLE_SEQ = 4242
+
+
+def layout_agrees(
+    encoder: str, schema: str, samples: Iterable[Callable[[], tuple[bytes, bytes]]]
+) -> bool:
+    """Whether a fast encoder writes what the codec writes: each sample gives (fast, codec).
+
+    On the first difference (or error) it says so once and returns False: the encoder then
+    encodes through fastavro.
+    """
+    for sample in samples:
+        try:
+            fast, wanted = sample()
+            agrees = fast == wanted
+        except (EncodeError, KeyError, TypeError, ValueError):
+            agrees = False
+        if not agrees:
+            log.warning(
+                "%s's layout does not write %s; it encodes through fastavro (slower) until it "
+                "is updated",
+                encoder,
+                schema,
+            )
+            return False
+    return True
+
+
 class RefusedEvent(Exception):  # noqa: N818 -- control flow inside the logger, never raised out
     """An event the worker would refuse, found while encoding it (a metric name too long)."""
 
@@ -144,7 +174,18 @@ class EventEncoder:
             avro_string(source.hostname) + zigzag(source.pid) + avro_string(source.producer_id)
         )
         self._keys: dict[str, bytes] = {}
-        self.fast = self._writes_the_schema(f"TrainerEvent v{schema.version} ({schema.path})")
+        self.fast = layout_agrees(
+            "EventEncoder",
+            f"TrainerEvent v{schema.version} ({schema.path})",
+            [partial(self._sample, sample) for sample in _SAMPLES],
+        )
+
+    def _sample(self, event: EventFields) -> tuple[bytes, bytes]:
+        """One sample event, by the fast layout and by the codec."""
+        record = self.record(event, _SAMPLE_NS, _SAMPLE_SEQ)
+        return self.encode(event, _SAMPLE_NS, _SAMPLE_SEQ), self._codec.encode(
+            "TrainerEvent", record
+        )
 
     def encode(self, event: EventFields, timestamp_ns: int, seq: int) -> bytes:
         """The single-object encoding of one event; its fields other than metrics are checked."""
@@ -194,26 +235,6 @@ class EventEncoder:
             _optional_string(event.trace_id),
         )
         return b"".join(out)
-
-    def _writes_the_schema(self, schema: str) -> bool:
-        """Whether the fast layout writes, for sample events, what the codec writes."""
-        for sample in _SAMPLES:
-            try:
-                agrees = self.encode(sample, 1_700_000_000_000_000_000, 4242) == (
-                    self._codec.encode(
-                        "TrainerEvent", self.record(sample, 1_700_000_000_000_000_000, 4242)
-                    )
-                )
-            except (EncodeError, KeyError, TypeError, ValueError):
-                agrees = False
-            if not agrees:
-                log.warning(
-                    "rlpulse.producers.wire's layout does not write %s; events go through the "
-                    "codec (slower) until EventEncoder is updated",
-                    schema,
-                )
-                return False
-        return True
 
     def record(self, event: EventFields, timestamp_ns: int, seq: int) -> TrainerEvent:
         """The same event as a decoded record (what consumers see)."""

@@ -74,7 +74,7 @@ def test_a_changed_schema_is_written_by_fastavro_and_says_so(
     source = LogSource("run-1", 0, 0, {"a": "b"}, "node-7", "10.0.0.7", 4242, "p-1")
     encoder = LogEncoder(source, codec, max_text_bytes=10_000)
     assert not encoder.fast
-    assert "LogBatch v2" in caplog.text and "until LogEncoder is updated" in caplog.text
+    assert "LogBatch v2" in caplog.text and "LogEncoder's layout does not write" in caplog.text
     line = LogFields(5, "trainer", "INFO", 20, "trainer", "still readable")
     (record,) = codec.decode_logs(encoder.batch([encoder.entry(line, 7, 1)]))
     assert (record["message"], record["step"], record["thread"], record["tags"]) == (  # type: ignore[typeddict-item]
