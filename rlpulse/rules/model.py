@@ -614,19 +614,13 @@ def rule_set_model(actions: ActionContracts) -> type[RuleSet]:
     """The model of a rules file whose actions are ``actions`` (:class:`RuleSet` for ACTIONS)."""
     if actions == ACTIONS:
         return RuleSet
-    rule_actions = Rule.model_fields["actions"]
-    rule = create_model(
-        "Rule",
-        __base__=Rule,
-        actions=(
-            list[action_spec_model(actions)],  # type: ignore[misc]
-            Field(min_length=1, description=rule_actions.description),
-        ),
+    # The fields' types are made here, so they are Any to a type checker.
+    spec: Any = action_spec_model(actions)
+    rule_actions: Any = (
+        list[spec],
+        Field(min_length=1, description=Rule.model_fields["actions"].description),
     )
-    rules = RuleSet.model_fields["rules"]
-    model: type[RuleSet] = create_model(
-        "RuleSet",
-        __base__=RuleSet,
-        rules=(list[rule], Field(description=rules.description)),  # type: ignore[valid-type]
-    )
+    rule: Any = create_model("Rule", __base__=Rule, actions=rule_actions)
+    rules: Any = (list[rule], Field(description=RuleSet.model_fields["rules"].description))
+    model: type[RuleSet] = create_model("RuleSet", __base__=RuleSet, rules=rules)
     return model
