@@ -107,9 +107,7 @@ class SystemSampler:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Start sampling, once."""
-        if self._thread is not None:  # the common case: log() calls this every time
-            return
+        """Start sampling, once (a second call, or one after :meth:`stop`, does nothing)."""
         with self._lock:
             if self._thread is not None or self._stopped.is_set():
                 return
