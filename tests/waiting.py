@@ -7,10 +7,19 @@ from collections.abc import Callable
 
 
 def wait_for(
-    condition: Callable[[], bool], what: str, timeout_s: float = 120.0, every_s: float = 0.2
+    condition: Callable[[], bool],
+    what: str,
+    timeout_s: float = 120.0,
+    every_s: float = 0.2,
+    state: Callable[[], str] | None = None,
 ) -> None:
-    """Return once ``condition()`` is true; fail with "timed out waiting for ``what``"."""
+    """Return once ``condition()`` is true; fail with "timed out waiting for ``what``".
+
+    ``state``, when given, says at the timeout where things stand (counts, a child's log).
+    """
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            where = f"\n{state()}" if state is not None else ""
+            raise AssertionError(f"timed out waiting for {what}{where}")
         time.sleep(every_s)

@@ -102,7 +102,11 @@ def test_sigkill_while_writing_loses_and_repeats_nothing(
         archiver.stop()  # no archiver outlives a failed test
     assert kills >= 5, archiver.log_text()  # the backlog outlasted five kills
     with archiver:
-        wait_for(lambda: archived() >= total, "every record in the archive")
+        wait_for(
+            lambda: archived() >= total,
+            "every record in the archive",
+            state=lambda: f"{archived()} of {total} archived; log:\n{archiver.log_text()}",
+        )
     records = "SELECT producer_id, seq FROM events UNION ALL SELECT producer_id, seq FROM logs"
     ((count, distinct),) = location.query(
         topics, f"SELECT count(*), count(DISTINCT (producer_id, seq)) FROM ({records})"

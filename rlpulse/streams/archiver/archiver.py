@@ -203,16 +203,20 @@ class Archiver:
             leftovers = self.store.temp_files(tp.topic, tp.partition)
             if plan.incomplete or leftovers:
                 self.store.delete(plan.incomplete + leftovers)
-            if plan.incomplete or leftovers:
                 self.counts.recovered += 1
+                resume = (
+                    "the beginning" if plan.next_offset is None else f"offset {plan.next_offset}"
+                )
                 self._say(
                     f"{tp.topic} partition {tp.partition}: an unfinished flush "
                     f"({len(plan.incomplete)} file(s) renamed, {len(leftovers)} temporary) "
-                    f"deleted; resuming at offset {plan.next_offset}"
+                    f"deleted; resuming at {resume}"
                 )
             tp.offset = OFFSET_BEGINNING if plan.next_offset is None else plan.next_offset
             self._expected[(tp.topic, tp.partition)] = plan.next_offset or 0
         consumer.assign(partitions)
+        topics = len({tp.topic for tp in partitions})
+        self._say(f"archiving {len(partitions)} partition(s) of {topics} topic(s)")
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:  # still ours until this returns: write out what we hold
