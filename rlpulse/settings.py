@@ -433,7 +433,7 @@ class BrokerSettings(_Section):
         default=9092,
         ge=0,
         le=65534,
-        description="Client port (the controller uses port + 1); 0 picks free ports.",
+        description="Client port; 0 picks a free one (the controller's always is).",
     )
     heap: str = Field(default="1g", pattern=r"^\d+[kmg]$", description="The JVM's -Xmx.")
 

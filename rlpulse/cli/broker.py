@@ -56,7 +56,9 @@ StateDir = Annotated[
 def broker_up(
     port: Annotated[
         int | None,
-        setting_option("broker.port", "Client port, the controller's is port + 1; 0: free ports."),
+        setting_option(
+            "broker.port", "Client port; 0 picks a free one (the controller's always is)."
+        ),
     ] = None,
     secure: Annotated[
         bool,

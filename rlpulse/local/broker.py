@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import secrets
-import socket
 import subprocess
 import time
 import uuid
@@ -32,6 +31,7 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING
 
+from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import BrokerError
 from rlpulse.local.java import MavenJars, port_in_use, require_tool, stop_pid, tail
 from rlpulse.local.private_files import write_private
@@ -66,12 +66,6 @@ Progress = Callable[[str], None]
 
 def _kafka_files() -> Path:
     return Path(str(resources.files("rlpulse.local").joinpath("kafka")))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _kafka_cluster_id() -> str:
@@ -124,9 +118,10 @@ class NewUser:
 class LocalBroker:
     """One local Kafka broker whose files live in ``state_dir``.
 
-    ``port`` (default: ``broker.port``, 9092) ``=0`` picks free ports (what tests use);
-    otherwise the broker listens on ``port``, its controller on ``port + 1`` and, when
-    ``secure``, its inter-broker TLS listener on ``port + 2``.
+    ``port`` (default: ``broker.port``, 9092) ``=0`` picks a free client port (what tests
+    use). The controller and, when ``secure``, the inter-broker TLS listener take free ports
+    at each start (recorded in the state): no client dials them, and ``port + 1`` and
+    ``port + 2`` are Alertmanager's (9093, 9094) beside a broker on 9092.
     """
 
     def __init__(
@@ -281,7 +276,7 @@ class LocalBroker:
         """Start the broker without waiting for it: the running one's record, or the new process.
 
         ``cluster_id`` formats a new data directory for that KRaft cluster (default: a new id);
-        ``controller_port`` replaces ``port + 1`` (:class:`~rlpulse.local.cluster.LocalCluster`).
+        ``controller_port`` replaces a free one (:class:`~rlpulse.local.cluster.LocalCluster`).
         """
         say = progress or (lambda _msg: None)
         running = self.info()
@@ -302,10 +297,10 @@ class LocalBroker:
                 + tail(Path(running.log_file))
             )
         java = require_tool("java", "the local Kafka broker", BrokerError)
-        port = self.port or _free_port()
+        port = self.port or free_port()
         if controller_port is None:
-            controller_port = port + 1 if self.port else _free_port()
-        internal_port = port + 2 if self.port else _free_port()
+            controller_port = free_port(avoid=(port,))
+        internal_port = free_port(avoid=(port, controller_port))
         for candidate in (port, controller_port, *([internal_port] if self.secure else [])):
             if port_in_use(candidate):
                 raise BrokerError(

@@ -6,7 +6,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -14,11 +14,18 @@ from typing import Self
 __all__ = ["ChildProcess", "free_port", "setting_variables"]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago, and none of ``avoid``.
+
+    ``avoid``: the ports already chosen for the other listeners of one start.
+    """
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise OSError(f"no free port on 127.0.0.1 besides {sorted(avoid)}")
 
 
 def setting_variables(settings: Mapping[str, object]) -> dict[str, str]:

@@ -6,9 +6,10 @@ from the same jars, each a broker and a KRaft controller (one static quorum of a
 one: ``default.replication.factor`` = ``min(3, nodes)``, ``min.insync.replicas`` = 2 with three
 or more nodes, and Kafka's internal topics the same. A dead node is fenced after 6 s without a
 heartbeat (``broker.session.timeout.ms``; Kafka's default is 9 s), which bounds the leader
-fail-over a broker failure costs. Node ``i`` (from 1) listens on
-``port + 2 (i - 1)`` and its controller on the port after (9092/9093, 9094/9095, 9096/9097), or
-on free ports with ``port=0``. The cluster's bootstrap (every node) is recorded in
+fail-over a broker failure costs. Node ``i`` (from 1) takes clients on ``port + 2 (i - 1)``
+(9092, 9094, 9096), or on a free port with ``port=0``; the controllers take free ports, chosen
+at the first ``up`` and kept in each node's ``ports`` file (the quorum's addresses must not
+change; 9093 is Alertmanager's). The cluster's bootstrap (every node) is recorded in
 the state directory with node 1's pid, so ``status``, ``down`` and the other commands find it.
 ``up`` checks every node's ports before it starts one, then writes every node's directory and
 ports (so a cluster whose start failed half-way is still that many nodes), and stops the nodes
@@ -22,7 +23,6 @@ import base64
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Final
 
 from rlpulse.local.broker import LocalBroker, port_in_use
+from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import BrokerError
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import STATE_FILE, BrokerRecord
@@ -45,21 +46,6 @@ SESSION_TIMEOUT_MS: Final = 6000
 def is_cluster(state_dir: Path) -> bool:
     """Whether ``state_dir`` holds a :class:`LocalCluster` (rather than one broker)."""
     return (state_dir / f"{_NODE_PREFIX}1").is_dir()
-
-
-def _free_pair() -> int:
-    """A port ``p`` with ``p`` and ``p + 1`` free on 127.0.0.1."""
-    for _ in range(100):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise BrokerError("found no two free neighbouring ports on 127.0.0.1")
 
 
 class LocalCluster:
@@ -79,27 +65,29 @@ class LocalCluster:
         found = sorted(self.state_dir.glob(f"{_NODE_PREFIX}*"))
         self.nodes = len(found) if found else nodes
         base = settings.broker.port if port is None else port
-        self.ports = self._ports(base)
-        """Client port of each node id (1-based); the controller listens on the next port."""
-
-    def _ports(self, base: int) -> dict[int, int]:
-        recorded = {}
-        for node in range(1, self.nodes + 1):
-            info = BrokerRecord.read(self._node_dir(node)) or self._recorded(node)
-            if info is not None:
-                recorded[node] = info.port
-        if len(recorded) == self.nodes:
-            return recorded
-        if base:
-            return {node: base + 2 * (node - 1) for node in range(1, self.nodes + 1)}
-        return {node: _free_pair() for node in range(1, self.nodes + 1)}
+        recorded = [self._recorded(node) for node in range(1, self.nodes + 1)]
+        if all(ports is not None for ports in recorded):
+            pairs = dict(enumerate((p for p in recorded if p is not None), start=1))
+        else:
+            clients = [base + 2 * node for node in range(self.nodes)] if base else []
+            taken = list(clients)
+            pairs = {}
+            for node in range(1, self.nodes + 1):
+                client = clients[node - 1] if base else free_port(avoid=taken)
+                controller = free_port(avoid=[*taken, client])
+                taken += [client, controller]
+                pairs[node] = (client, controller)
+        self.ports = {node: client for node, (client, _) in pairs.items()}
+        """Client port of each node id (1-based)."""
+        self.controller_ports = {node: controller for node, (_, controller) in pairs.items()}
+        """Controller port of each node id (1-based): the quorum's addresses."""
 
     def _check_ports(self) -> None:
         """BrokerError naming a port of a node to start that something else holds."""
         for node in range(1, self.nodes + 1):
             if BrokerRecord.read(self._node_dir(node)) is not None:
                 continue
-            for port in (self.ports[node], self.ports[node] + 1):
+            for port in (self.ports[node], self.controller_ports[node]):
                 if port_in_use(port):
                     raise BrokerError(
                         f"port {port} on 127.0.0.1 (node {node} of {self.nodes}) is already in "
@@ -117,13 +105,16 @@ class LocalCluster:
                         return line.removeprefix("cluster.id=").strip()
         return None
 
-    def _recorded(self, node: int) -> BrokerRecord | None:
-        """A stopped node's record (its ports stay the node's for a restart)."""
+    def _recorded(self, node: int) -> tuple[int, int] | None:
+        """A node's client and controller ports, kept for its restarts; None before the first.
+
+        A ``ports`` file of one number was written when the controller took ``port + 1``.
+        """
         path = self._node_dir(node) / "ports"
         if not path.exists():
             return None
-        port = int(path.read_text().strip())
-        return BrokerRecord(0, port, port + 1, f"127.0.0.1:{port}", "", "", 0)
+        client, *controller = (int(word) for word in path.read_text().split())
+        return client, controller[0] if controller else client + 1
 
     def _node_dir(self, node: int) -> Path:
         return self.state_dir / f"{_NODE_PREFIX}{node}"
@@ -136,7 +127,7 @@ class LocalCluster:
     def node(self, node: int) -> LocalBroker:
         """The :class:`LocalBroker` of node ``node`` (1-based)."""
         factor = min(3, self.nodes)
-        voters = ",".join(f"{n}@127.0.0.1:{p + 1}" for n, p in sorted(self.ports.items()))
+        voters = ",".join(f"{n}@127.0.0.1:{p}" for n, p in sorted(self.controller_ports.items()))
         overrides = {
             "node.id": str(node),
             "controller.quorum.voters": voters,
@@ -170,13 +161,14 @@ class LocalCluster:
         self._check_ports()
         for node in range(1, self.nodes + 1):
             self._node_dir(node).mkdir(parents=True, exist_ok=True)
-            (self._node_dir(node) / "ports").write_text(f"{self.ports[node]}\n")
+            ports = f"{self.ports[node]} {self.controller_ports[node]}\n"
+            (self._node_dir(node) / "ports").write_text(ports)
         started: list[tuple[LocalBroker, subprocess.Popen[bytes], BrokerRecord]] = []
         try:
             for node in range(1, self.nodes + 1):
                 broker = self.node(node)
                 say(f"node {node} of {self.nodes}: 127.0.0.1:{self.ports[node]}")
-                launched = broker.launch(say, cluster_id, controller_port=self.ports[node] + 1)
+                launched = broker.launch(say, cluster_id, self.controller_ports[node])
                 if not isinstance(launched, BrokerRecord):
                     started.append((broker, *launched))
             for broker, process, info in started:
@@ -196,7 +188,7 @@ class LocalCluster:
     def start(self, node: int) -> None:
         """Start node ``node`` again (after :meth:`kill` or :meth:`stop`) and wait for it."""
         broker = self.node(node)
-        launched = broker.launch(controller_port=self.ports[node] + 1)
+        launched = broker.launch(controller_port=self.controller_ports[node])
         if not isinstance(launched, BrokerRecord):
             broker.wait_ready(*launched)
 

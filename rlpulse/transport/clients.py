@@ -43,6 +43,7 @@ __all__ = [
     "client_hooks",
     "client_properties",
     "faust_broker_options",
+    "is_fatal",
     "kafka_error_of",
     "new_admin",
     "new_consumer",
@@ -81,6 +82,14 @@ def security_failure(error: KafkaError, settings: Settings) -> str | None:
             "security.verify_hostname"
         )
     return None
+
+
+def is_fatal(error: KafkaError) -> bool:
+    """Whether ``error`` ends its client for good: close the client, do not wait on it.
+
+    E.g. a static consumer fenced by another member with its ``group.instance.id``.
+    """
+    return bool(error.fatal()) or error.code() == KafkaError._FATAL
 
 
 def kafka_error_of(exc: BaseException) -> KafkaError | None:

@@ -211,6 +211,52 @@ def test_audit_names_the_producer_and_range_it_lost(
     assert archiver.process is not None and archiver.process.returncode == 0
 
 
+def test_an_archiver_fenced_by_its_instance_id_exits_and_writes_nothing_twice(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """Two archivers given one ``archive.instance_id``: the first is fenced and says so."""
+    settings = settings_at(kafka_bootstrap, topics)
+    location = ArchiveLocation.local(tmp_path / "archive")
+
+    def log_steps(logger: EventLogger, steps: range) -> None:
+        for step in steps:
+            logger.log({"loss": step / 10}, step, "actor")
+        assert logger.flush(timeout_s=30) == 0
+
+    def archived() -> tuple[int, int]:
+        counts = "SELECT count(*), count(DISTINCT (producer_id, seq)) FROM events"
+        return tuple(location.query(topics, counts)[0])
+
+    archivers = [
+        ArchiverProcess(
+            kafka_bootstrap, topics.prefix, location.root, tmp_path / f"archiver-{n}.log",
+            {"archive.roll_s": 0.3, "archive.instance_id": "the-same"},
+        )
+        for n in (1, 2)
+    ]  # fmt: skip
+    first, second = archivers
+    with EventLogger(f"run-{uuid.uuid4().hex[:6]}", settings=settings) as logger:
+        try:
+            first.start()
+            log_steps(logger, range(100))
+            wait_for(lambda: archived() == (100, 100), "the first archiver's records")
+            second.start()
+            wait_for(lambda: not first.alive(), "the fenced archiver to exit", 60.0)
+            assert first.stop() == 1, first.log_text()
+            assert "fatal Kafka error" in first.log_text()
+            assert "archive.instance_id" in first.log_text()
+            log_steps(logger, range(100, 200))
+            wait_for(
+                lambda: archived() == (200, 200),
+                "the second archiver's records",
+                state=lambda: f"{archived()} archived; log:\n{second.log_text()}",
+            )
+            assert second.alive(), second.log_text()
+        finally:
+            for archiver in archivers:
+                archiver.stop()
+
+
 def test_the_archiver_prunes_old_files_but_keeps_where_to_resume(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, archive_location: ArchiveLocation
 ) -> None:

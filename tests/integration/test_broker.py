@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlpulse.local.broker import LocalBroker
+from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import BrokerError
 from rlpulse.settings import Settings
 
@@ -80,6 +81,31 @@ def test_port_in_use_is_refused(tmp_path: Path) -> None:
         result = rlpulse("broker", "up", "--port", str(port), "--state-dir", str(tmp_path))
     assert result.returncode == 1
     assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
+
+
+def test_the_ports_after_the_clients_stay_free(tmp_path: Path) -> None:
+    """Alertmanager's 9093 and 9094 beside a broker on 9092: up, down and up again."""
+    state = str(tmp_path / "broker")
+    with socket.socket() as taken:  # the port after a free one, held as Alertmanager would
+        for _ in range(50):
+            port = free_port()
+            try:
+                taken.bind(("127.0.0.1", port + 1))
+                break
+            except OSError:
+                continue
+        else:
+            pytest.fail("found no free port whose successor is free")
+        taken.listen()
+        try:
+            for _ in range(2):  # the second start: its data directory, another controller port
+                up = rlpulse("broker", "up", "--port", str(port), "--state-dir", state)
+                assert up.returncode == 0, up.stderr
+                assert f"is up at 127.0.0.1:{port}" in up.stdout
+                down = rlpulse("broker", "down", "--state-dir", state)
+                assert down.returncode == 0 and "stopped" in down.stdout
+        finally:
+            rlpulse("broker", "down", "--state-dir", state)
 
 
 def test_broker_dying_during_start_up_reports_its_log(tmp_path: Path) -> None:

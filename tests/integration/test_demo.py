@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from rlpulse.local.broker import LocalBroker
+from rlpulse.local.child_process import free_port
 from rlpulse.settings import Settings
 from tests.integration.fresh import environment
-from tests.integration.test_producer_faults import free_port_pair
 
 pytestmark = pytest.mark.broker
 
 
 def test_demo_runs_its_own_broker_scales_the_batch_and_stops_at_kl_guard(fresh_home: Path) -> None:
-    port = free_port_pair()  # the local broker the demo starts listens here, not on 9092
+    port = free_port()  # the local broker the demo starts listens here, not on 9092
     env = environment(fresh_home, RLPULSE_BROKER__PORT=str(port), COLUMNS="200")
     result = subprocess.run(
         [sys.executable, "-m", "rlpulse", "demo"],

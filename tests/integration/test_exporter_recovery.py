@@ -27,19 +27,6 @@ pytestmark = pytest.mark.broker
 RUN = "recovering"
 
 
-def broker_port() -> int:
-    """A free port whose successor (the controller's) is free as well: fixed across restarts."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    pytest.fail("found no two adjacent free ports")
-
-
 def log_steps(bootstrap: str, topics: Topics, steps: range) -> None:
     settings = settings_at(bootstrap, topics)
     for rank in range(2):
@@ -66,7 +53,7 @@ def test_it_serves_through_an_outage_recovers_and_restarts_from_its_lookback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RLPULSE_EXPORTER__LAG_INTERVAL_S", "0.5")
-    broker = LocalBroker(Settings(), state_dir=tmp_path / "broker", port=broker_port())
+    broker = LocalBroker(Settings(), state_dir=tmp_path / "broker", port=free_port())
     bootstrap = broker.up().bootstrap
     topics = Topics(prefix="recovery")
     ensure_topics(settings_at(bootstrap), topics, partitions=2)

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from rlpulse.local.broker import tail
+from rlpulse.local.child_process import free_port
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from tests.integration.fresh import environment
 from tests.integration.scripted_run import KL_GUARD_STEP, STEPS, ScriptedRun
-from tests.integration.test_producer_faults import free_port_pair
 
 pytestmark = pytest.mark.broker
 
@@ -43,7 +43,7 @@ def rlpulse(
 @pytest.fixture
 def local_broker(fresh_home: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """`rlpulse broker up` in the fresh home; its bootstrap address and the environment."""
-    port = free_port_pair()
+    port = free_port()
     env = environment(fresh_home, RLPULSE_BROKER__PORT=str(port))
     up = rlpulse("broker", "up", env=env)
     assert up.returncode == 0, up.stderr
@@ -84,7 +84,7 @@ def test_worker_started_right_after_broker_up_runs_the_seed_rules(
 
 
 def test_worker_with_the_broker_down_exits_with_one_sentence(fresh_home: Path) -> None:
-    port = free_port_pair()  # nothing listens there: as after `rlpulse broker down`
+    port = free_port()  # nothing listens there: as after `rlpulse broker down`
     env = environment(
         fresh_home,
         RLPULSE_BOOTSTRAP=f"127.0.0.1:{port}",

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlpulse.local.broker import tail
+from rlpulse.local.child_process import free_port
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
@@ -24,7 +25,6 @@ from tests.integration.scripted_run import (
     commands_on_topic,
     summaries_of,
 )
-from tests.integration.test_producer_faults import free_port_pair
 from tests.integration.worker_state import kl_guard_streak, wait_until_durable
 
 pytestmark = pytest.mark.broker
@@ -76,7 +76,10 @@ def assert_every_step_summarised(summaries: list[StepSummary], *, all_complete: 
             final[key] = s
     assert set(final) == {(stage, step) for stage in STAGES for step in range(1, STEPS + 1)}
     for summary in final.values():
-        assert summary["ranks_reported"] == [0, 1, 2, 3], summary
+        assert summary["ranks_reported"] == [0, 1, 2, 3], (
+            f"{summary['stage']} step {summary['step']}: ranks {summary['ranks_reported']} in "
+            f"its last revision ({summary['revision']}, closed by {summary['closed_by']})"
+        )
         assert summary["missing_ranks"] == []
         if all_complete:
             assert (summary["revision"], summary["closed_by"]) == (1, "complete"), summary
@@ -88,7 +91,7 @@ def assert_every_step_summarised(summaries: list[StepSummary], *, all_complete: 
 
 
 def test_four_ranks_sixty_steps(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
-    port = free_port_pair()
+    port = free_port()
     worker = start_worker(
         kafka_bootstrap, topics, tmp_path / "worker.log", "--metrics-port", str(port)
     )
@@ -131,7 +134,7 @@ def test_a_rank_that_never_reports_is_closed_by_grace(
 ) -> None:
     """Rank 3 never logs step 5: both stages' step 5 close by grace with rank 3 missing, and
     the steps after it, complete already, leave after it, in order."""
-    port = free_port_pair()
+    port = free_port()
     worker = start_worker(
         kafka_bootstrap, topics, tmp_path / "worker.log", "--metrics-port", str(port), grace_s=2.0
     )

@@ -16,7 +16,6 @@ librdkafka's own retries and the resend from the log run in (a) and (b).
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from rlpulse.archive.catalog import query_archive
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import LocalBroker
+from rlpulse.local.child_process import free_port
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger, Settings
 from rlpulse.producers.wal import logs_under
@@ -56,26 +56,11 @@ GRACE_S = 3.0
 EventId = tuple[str, int]
 
 
-def free_port_pair() -> int:
-    """A port p such that p (clients) and p + 1 (the KRaft controller) are both free."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        try:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     """A broker of this module only, on a fixed port; each test stops and starts it."""
     local = LocalBroker(
-        Settings(), state_dir=tmp_path_factory.mktemp("fault-broker"), port=free_port_pair()
+        Settings(), state_dir=tmp_path_factory.mktemp("fault-broker"), port=free_port()
     )
     try:
         yield local
@@ -250,7 +235,7 @@ def assert_steps_summarised(
         )
 
     seen: list[StepSummary] = []
-    port = free_port_pair()
+    port = free_port()
     worker = WorkerProcess(
         bootstrap,
         topics.prefix,

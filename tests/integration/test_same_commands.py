@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpulse.local.child_process import free_port
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.offline.backtest import RecordedEvent, read_recording, run_backtest
 from rlpulse.rules import load_rules
@@ -25,7 +26,6 @@ from rlpulse.settings import JoinerSettings
 from rlpulse.transport.clients import trainer_producer
 from tests.integration.scrape import scrape
 from tests.integration.scripted_run import consume_all
-from tests.integration.test_producer_faults import free_port_pair
 from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
@@ -45,7 +45,7 @@ def test_worker_and_backtest_issue_identical_commands(
     assert len(expected) >= 5, "the recording must make several rules fire"
     events = [item.event for item in read_recording(RECORDING) if isinstance(item, RecordedEvent)]
 
-    port = free_port_pair()
+    port = free_port()
     worker = WorkerProcess(
         kafka_bootstrap,
         topics.prefix,

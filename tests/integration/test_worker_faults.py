@@ -27,7 +27,7 @@ import pytest
 from rlpulse.local.broker import tail
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas import default_codec
-from rlpulse.schemas.topics import Topics
+from rlpulse.schemas.topics import REASON_HEADER, Topics
 from rlpulse.transport.topics import ensure_topics
 from tests.integration.scripted_run import (
     KL_GUARD_STEP,
@@ -42,7 +42,7 @@ from tests.integration.test_pipeline import (
     assert_seed_commands,
 )
 from tests.integration.worker_state import kl_guard_streak, wait_until_durable
-from tests.kafka import settings_at
+from tests.kafka import read_all, settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -105,12 +105,23 @@ def assert_runs_complete(
             assert_every_step_summarised(summaries.get(run.run_id, []), all_complete=False)
             assert_seed_commands(run)
         except AssertionError as exc:
-            raise AssertionError(f"{run.run_id}: {exc}\n{logs}") from exc
+            raise AssertionError(
+                f"{run.run_id}: {exc}\n{_dead_letters(bootstrap, topics)}\n{logs}"
+            ) from exc
         assert sorted((a["command_id"], a["status"]) for a in acks.get(run.run_id, [])) == sorted(
             (c["command_id"], "applied") for c in run.received
         ), f"{run.run_id}: acks {acks.get(run.run_id)}"
         commands = {c["command_id"] for c in on_topic.get(run.run_id, [])}
         assert commands == {c["command_id"] for c in run.received}
+
+
+def _dead_letters(bootstrap: str, topics: Topics) -> str:
+    """What the worker sent to the dead-letter topic, one reason a line."""
+    reasons = [
+        dict(message.headers() or []).get(REASON_HEADER, b"?").decode(errors="replace")
+        for message in read_all(bootstrap, topics.dlq, lambda _m: False, 3.0)
+    ]
+    return f"dead letters: {len(reasons)}" + "".join(f"\n  {reason}" for reason in reasons)
 
 
 def _by_run(values: list[bytes], decode: Callable[[bytes], Any]) -> dict[str, list[Any]]:

@@ -98,3 +98,19 @@ def test_plain_up_in_a_home_holding_a_stopped_cluster_starts_that_cluster(
     code, said = broker("up", "--secure")
     assert code == 1
     assert f"--secure runs one broker, and {state} holds a local cluster" in said
+
+
+def test_the_port_after_a_node_s_is_left_to_others(base: int, rlpulse_home: Path) -> None:
+    """Alertmanager on 9093 beside a cluster on 9092: the controllers take free ports."""
+    with socket.socket() as alertmanager:
+        alertmanager.bind(("127.0.0.1", base + 1))
+        alertmanager.listen()
+        code, said = broker("up", "--nodes", str(NODES), "--port", str(base))
+    assert code == 1
+    assert "java is not on PATH" in said  # got past the ports of every node
+    state = rlpulse_home / "broker"
+    kept = [(state / f"node-{n}" / "ports").read_text().split() for n in range(1, NODES + 1)]
+    clients, controllers = [int(k[0]) for k in kept], [int(k[1]) for k in kept]
+    assert clients == [base, base + 2, base + 4]
+    assert base + 1 not in controllers
+    assert len({*clients, *controllers}) == 2 * NODES

@@ -26,6 +26,24 @@ def test_a_gap_seeks_back_once_and_skips_stale_deliveries_until_the_re_read() ->
     assert tracker.next_offset(TP) == 16
 
 
+def test_a_first_delivery_past_the_expected_start_is_a_gap() -> None:
+    """At a takeover the committed offset is known: skipping from it is caught too."""
+    tracker = ReadTracker()
+    tracker.expect(TP, 414)
+    assert verdicts(tracker, [416]) == ["seek"]
+    assert tracker.seek_target(TP) == 414
+    assert verdicts(tracker, [414, 415, 416]) == ["process"] * 3
+    tracker.expect(TP, 3)  # only before the first delivery
+    assert tracker.next_offset(TP) == 417
+
+
+def test_deliveries_from_before_the_expected_start_are_processed() -> None:
+    tracker = ReadTracker()
+    tracker.expect(TP, 10)
+    assert verdicts(tracker, [8, 9, 10, 11]) == ["process"] * 4
+    assert tracker.next_offset(TP) == 12
+
+
 def test_a_gap_that_never_fills_is_accepted_after_max_skip() -> None:
     tracker = ReadTracker(max_skip=2)
     assert verdicts(tracker, [1, 3]) == ["process", "seek"]

@@ -55,6 +55,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 
 from rlpulse.archive.audit import audit_runs
 from rlpulse.archive.catalog import open_archive
+from rlpulse.archive.exceptions import ArchiveError
 from rlpulse.archive.layout import FileName, plan_resume
 from rlpulse.archive.store import ArchiveStore
 from rlpulse.archive.tables import Table, tables_of
@@ -64,7 +65,7 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.streams.archiver.buffer import PartitionBuffer
 from rlpulse.streams.archiver.prune import cutoff_ms, prune
-from rlpulse.transport.clients import new_consumer, new_producer
+from rlpulse.transport.clients import is_fatal, new_consumer, new_producer
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics_for_reader
 
@@ -282,8 +283,18 @@ class Archiver:
 
     def _kafka_error(self, message: Message) -> None:
         error = message.error()
-        if error is not None and error.code() != KafkaError._PARTITION_EOF:
-            self._warn(str(error.code()), "archiver: Kafka error %s", error.str())
+        if error is None or error.code() == KafkaError._PARTITION_EOF:
+            return
+        if is_fatal(error):
+            # The consumer is dead for good (e.g. fenced: another archiver has this
+            # instance_id) and another member may own the partitions: write nothing, exit.
+            self._buffers.clear()
+            raise ArchiveError(
+                f"archiver: fatal Kafka error: {error.str()} (two archivers with one "
+                "archive.instance_id fence each other); restarted, an archiver resumes after "
+                "its last complete flush"
+            )
+        self._warn(str(error.code()), "archiver: Kafka error %s", error.str())
 
     def _new_buffer(self, key: tuple[str, int], offset: int) -> PartitionBuffer:
         topic, partition = key

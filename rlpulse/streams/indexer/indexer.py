@@ -55,7 +55,7 @@ from rlpulse.streams.indexer.documents import (
 )
 from rlpulse.streams.indexer.exceptions import IndexerError
 from rlpulse.streams.indexer.template import templates
-from rlpulse.transport.clients import new_consumer, new_producer
+from rlpulse.transport.clients import is_fatal, new_consumer, new_producer
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics_for_reader
 
@@ -218,7 +218,10 @@ class Indexer:
         consumer = new_consumer(self.settings, self.settings.index_group, "indexer", properties)
         self._consumer = consumer
         consumer.subscribe(
-            [self.topics.logs, self.topics.steps], on_revoke=self._on_revoke, on_lost=self._on_lost
+            [self.topics.logs, self.topics.steps],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
         )
         try:
             while not self._stop.is_set():
@@ -249,6 +252,13 @@ class Indexer:
         names, codec, logs = self.names, self.codec, self.topics.logs
         for message in messages:
             error = message.error()
+            if error is not None and is_fatal(error):
+                self._bulk = _Bulk()  # another member may own the partitions: send nothing
+                raise IndexerError(
+                    f"indexer: fatal Kafka error: {error.str()} (two indexers with one "
+                    "index.instance_id fence each other); restarted, an indexer resumes from "
+                    "its last commit"
+                )
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     self._warn(str(error.code()), "indexer: Kafka error %s", error.str())
@@ -396,6 +406,9 @@ class Indexer:
             )
         except KafkaException as exc:  # e.g. the partitions moved on: their new owner re-reads
             self._warn("commit", "indexer: could not commit offsets: %s", exc)
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._say(f"indexing {len(partitions)} partition(s)")
 
     def _on_revoke(self, _consumer: Consumer, _partitions: list[TopicPartition]) -> None:
         """Still ours until this returns: send what is gathered so that its offsets commit."""

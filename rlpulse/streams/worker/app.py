@@ -382,6 +382,8 @@ class WorkerApp:
         A message delivered again after a seek is processed again: the joiner drops events
         it has merged (by producer id and seq) and the rule engine evaluates each step once.
         """
+        if self.reads.next_offset(message.tp) is None:  # faust may learn it after the takeover
+            self._expect_committed(message.tp)
         verdict = self.reads.delivered(message.tp, message.offset)
         if verdict is Verdict.SEEK:
             target = self.reads.seek_target(message.tp)
@@ -398,8 +400,14 @@ class WorkerApp:
         return verdict is Verdict.PROCESS
 
     def _take_over(self, partition: int) -> None:
-        """Start owning ``partition``: its open groups get a fresh grace period."""
+        """Start owning ``partition``: its open groups get a fresh grace period.
+
+        Its events are expected from the committed offset on: the first ones delivered after
+        a restart may skip some (the faust behaviour :mod:`.read_tracker` describes), and a
+        skipped event of an open step would leave that step to close by grace without it.
+        """
         self._owned.add(partition)
+        self._expect_committed(TP(self.events_name, partition))
         stage_keys = list(self.partition_stages.get(f"p{partition}") or [])
         reset = self.joiner.restart_grace(stage_keys, time.time_ns())
         if log.isEnabledFor(logging.INFO):
@@ -418,11 +426,21 @@ class WorkerApp:
         tp = TP(self.events_name, partition)
         wanted = self.reads.next_offset(tp)
         if wanted is None:  # nothing read since the takeover: it reads from the committed offset
-            wanted = getattr(self.app.consumer, "_committed_offset", {}).get(tp)
+            wanted = self._committed(tp)
         end = self.app.consumer.highwater(tp)
         if end is None or wanted is None:
             return wanted, 0
         return wanted, max(end - wanted, 0)
+
+    def _expect_committed(self, tp: TP) -> None:
+        committed = self._committed(tp)
+        if committed is not None:
+            self.reads.expect(tp, committed)
+
+    def _committed(self, tp: TP) -> int | None:
+        """The consumer's committed offset of ``tp`` (the next one to read), if it has one."""
+        committed = getattr(self.app.consumer, "_committed_offset", {}).get(tp)
+        return committed if isinstance(committed, int) else None
 
     async def _progressing(self, partition: int) -> tuple[bool, int]:
         """Whether a partition's events delivery moved since the last tick; how much is unread.

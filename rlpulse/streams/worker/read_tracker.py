@@ -53,6 +53,14 @@ class ReadTracker:
         """The next offset wanted from ``tp``, or None before its first delivery."""
         return self._next.get(tp)
 
+    def expect(self, tp: Hashable, offset: int) -> None:
+        """Set where reading ``tp`` should start, before its first delivery.
+
+        At a takeover: the committed offset. A first delivery beyond it is then a gap like any
+        other.
+        """
+        self._next.setdefault(tp, offset)
+
     def seek_target(self, tp: Hashable) -> int:
         """The offset to seek ``tp`` back to after a ``SEEK`` verdict."""
         return self._rewinds[tp].to
