@@ -142,6 +142,10 @@ def indexed_run(
         run.phase_ends.append(time.time_ns())
         phase_0 = len(run.written())
         wait_for(lambda: run.count("logs", run.of_run()) == phase_0, "the first phase in the index")
+        wait_for(  # else the held request may hold only the first phase's last summaries
+            lambda: run.count("steps", run.of_run()) >= PHASES[0][1],
+            "the first phase's step summaries in the index",
+        )
         # Mid-bulk: the engine took a request of the second phase, the indexer never heard.
         proxy.hold_next_bulk()
         processes = run.ranks(*PHASES[1])
