@@ -280,6 +280,13 @@ def trainer_producer(
 ) -> Producer:
     """The trainer's idempotent, batched, compressed event producer.
 
+    One request in flight per broker: with more, a request refused while its partition is
+    being created (the metadata names the leader before that broker serves it) can be
+    overtaken by the next one, after which Kafka before 4.5 refuses its retries and
+    librdkafka reports its records delivered though none was written (KAFKA-15591; seen
+    here: a trainer started with its topics losing its first event). A trainer may start
+    before the worker creates the topics, so it cannot rely on them being ready.
+
     ``diagnostics`` (default: a new one) receives the client's errors.
     """
     producer_settings = settings.producer
@@ -288,6 +295,7 @@ def trainer_producer(
         client,
         {
             "enable.idempotence": True,
+            "max.in.flight.requests.per.connection": 1,
             "linger.ms": producer_settings.linger_ms,
             "compression.type": producer_settings.compression,
             "queue.buffering.max.messages": QUEUE_MAX_MESSAGES,

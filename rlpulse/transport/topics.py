@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Collection
+from typing import Any, Final, NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 from confluent_kafka.cimpl import NewTopic
 
 from rlpulse.schemas.topics import Topics
@@ -18,6 +18,7 @@ from rlpulse.transport.exceptions import BrokerUnavailableError, TopicError, Tra
 from rlpulse.transport.replication import Replication, cluster_replication
 
 __all__ = [
+    "LATEST_OFFSET",
     "EnsuredTopics",
     "TopicSpec",
     "create_missing",
@@ -30,6 +31,11 @@ __all__ = [
     "topic_exists",
     "wanted_partitions",
 ]
+
+LATEST_OFFSET: Final[Any] = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+"""The ``OffsetSpec`` of a partition's end, for ``AdminClient.list_offsets``."""
+PROBE_TIMEOUT_S: Final = 5.0
+"""How long one ListOffsets probe of new partitions waits (then the next is sent)."""
 
 _UNKNOWN_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
@@ -67,8 +73,8 @@ def ensure_topics(
     """Create the topics of ``topics`` (default: the settings' prefix) that do not exist yet.
 
     ``partitions`` defaults to ``settings.worker.partitions``. An existing topic with another
-    partition count is an error (:class:`TopicError`); returns, once every topic has a
-    leader for each partition, what it created and the replication it created them with.
+    partition count is an error (:class:`TopicError`); returns, once every partition can be
+    written, what it created and the replication it created them with.
     """
     names = topics if topics is not None else Topics(settings.prefix)
     count = partitions if partitions is not None else settings.worker.partitions
@@ -121,8 +127,9 @@ def create_missing(
     """Create the topics of ``wanted`` that do not exist, with ``replication``'s copies.
 
     An existing topic with another partition count is an error (:class:`TopicError`).
-    Returns the names it created (sorted) once every topic of ``wanted`` has a leader for
-    each partition, so that a client subscribing next finds them in its metadata.
+    Returns the names it created (sorted) once every partition of ``wanted`` has a leader
+    and every partition of a topic created just now (by this call or a concurrent one) is
+    served by it (:func:`wait_until_writable`).
     """
     existing = list_topics(admin, timeout_s)
     for name, spec in wanted.items():
@@ -142,8 +149,10 @@ def create_missing(
         if name not in existing
     ]
     created: list[str] = []
+    fresh: list[str] = []  # created by this call or, a moment ago, by another process
     if new:
         for name, future in admin.create_topics(new, request_timeout=timeout_s).items():
+            fresh.append(name)
             try:
                 future.result()
             except KafkaException as exc:
@@ -151,7 +160,9 @@ def create_missing(
                     raise TopicError(f"could not create topic {name}: {exc}") from exc
             else:
                 created.append(name)
-    wait_for_leaders(admin, {name: spec.partitions for name, spec in wanted.items()}, timeout_s)
+    wait_until_writable(
+        admin, {name: spec.partitions for name, spec in wanted.items()}, fresh, timeout_s
+    )
     return sorted(created)
 
 
@@ -164,9 +175,22 @@ def topic_config(topics: Topics, name: str) -> dict[str, str]:
     return {}
 
 
-def wait_for_leaders(admin: AdminClient, wanted: dict[str, int], timeout_s: float) -> None:
-    """Block until every topic of ``wanted`` has its partitions, each with a leader."""
+def wait_until_writable(
+    admin: AdminClient, wanted: dict[str, int], new: Collection[str], timeout_s: float
+) -> None:
+    """Block until every partition of ``wanted`` has a leader, one that serves it if ``new``.
+
+    The metadata names a new partition's leader before that broker has created it: for up
+    to seconds on a busy broker, requests to it fail with NOT_LEADER_OR_FOLLOWER. An
+    idempotent producer writing then can lose its first records with no error reported
+    (the broker accepts a later request of it first and refuses the earlier one's retries:
+    KAFKA-15591, fixed in Kafka 4.5). So a topic of ``new`` counts as ready only once its
+    every partition's leader answers a ListOffsets request. Topics that existed before are
+    not probed: a dead leader that the cluster has not replaced yet must not hold up a
+    worker's restart.
+    """
     deadline = time.monotonic() + timeout_s
+    unanswered: list[TopicPartition] = []
     while True:
         metadata = list_topics(admin, max(1.0, deadline - time.monotonic()))
         if all(
@@ -176,12 +200,41 @@ def wait_for_leaders(admin: AdminClient, wanted: dict[str, int], timeout_s: floa
             and all(p.leader >= 0 and p.error is None for p in metadata[name].partitions.values())
             for name, want in wanted.items()
         ):
-            return
+            probed = {name: count for name, count in wanted.items() if name in new}
+            unanswered = _unanswered_partitions(admin, probed, deadline) if probed else []
+            if not unanswered:
+                return
         if time.monotonic() >= deadline:
+            waiting = (
+                f"{len(unanswered)} partition(s) not yet served by their leader, e.g. "
+                f"{unanswered[0].topic} [{unanswered[0].partition}]"
+                if unanswered
+                else "no leader for every partition"
+            )
             raise BrokerUnavailableError(
-                f"topics {sorted(wanted)} had no leader for every partition after {timeout_s:.0f} s"
+                f"topics {sorted(wanted)}: {waiting} after {timeout_s:.0f} s"
             )
         time.sleep(0.1)
+
+
+def _unanswered_partitions(
+    admin: AdminClient, wanted: dict[str, int], deadline: float
+) -> list[TopicPartition]:
+    """The partitions of ``wanted`` whose leader did not answer a ListOffsets request."""
+    requests = {
+        TopicPartition(name, partition): LATEST_OFFSET
+        for name, count in wanted.items()
+        for partition in range(count)
+    }
+    timeout_s = max(1.0, min(PROBE_TIMEOUT_S, deadline - time.monotonic()))
+    futures = admin.list_offsets(requests, request_timeout=timeout_s)
+    unanswered = []
+    for tp, future in futures.items():
+        try:
+            future.result()
+        except KafkaException:
+            unanswered.append(tp)
+    return sorted(unanswered, key=lambda tp: (tp.topic, tp.partition))
 
 
 def delete_topics(settings: Settings, names: list[str], timeout_s: float = 10.0) -> None:

@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from rlpulse.producers import ControlClient, EventHandler, EventLogger, RunLink, Settings
 from rlpulse.producers.replay import replay_logs
@@ -22,7 +24,8 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ProducerSettings
-from rlpulse.transport.topics import ensure_topics
+from rlpulse.transport.clients import trainer_producer
+from rlpulse.transport.topics import LATEST_OFFSET, delete_topics, ensure_topics
 from tests.kafka import settings_at
 
 pytestmark = pytest.mark.broker
@@ -445,6 +448,81 @@ def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable
     assert "rdkafka" not in result.stderr and "_TRANSPORT" not in result.stderr
     assert "Traceback" not in result.stderr
     assert logs_under(tmp_path) == kept
+
+
+def test_the_trainer_producer_writing_while_its_topic_is_created_loses_nothing(
+    kafka_bootstrap: str,
+) -> None:
+    """A trainer may start before the worker creates the topics: it writes as they appear.
+
+    The metadata names a new partition's leader before the broker serves it; with several
+    requests in flight, a refused one could be overtaken by the next, and Kafka then refused
+    its retries while librdkafka reported its records delivered (one CI run lost a run's
+    first event). Many partitions make the broker take longer to serve them all, which
+    widens the window; each round streams to every partition through it.
+    """
+    settings = settings_at(kafka_bootstrap)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    partitions = 300
+    for _round in range(2):
+        topic = f"test-born-{uuid.uuid4().hex[:10]}"
+        producer = trainer_producer(settings, "test")
+        delivered = 0
+
+        def count(error: KafkaError | None, _message: object) -> None:
+            nonlocal delivered
+            delivered += error is None
+
+        sent = 0
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 3.0:
+                if sent == 300:  # librdkafka holds these until the topic exists
+                    admin.create_topics([NewTopic(topic, num_partitions=partitions)])
+                producer.produce(topic, b"x", partition=sent % partitions, on_delivery=count)
+                sent += 1
+                producer.poll(0)
+                time.sleep(0.001)
+            assert producer.flush(WAIT_S) == 0
+            written = sum(high for _low, high in watermarks(kafka_bootstrap, topic, partitions))
+            assert (delivered, written) == (sent, sent)
+        finally:
+            delete_topics(settings, [topic])
+
+
+def test_ensure_topics_returns_once_every_partition_is_served(kafka_bootstrap: str) -> None:
+    """What rlpulse creates is written at once: no request meets a leader not serving yet."""
+    topics = Topics(prefix=f"test-served-{uuid.uuid4().hex[:10]}")
+    settings = settings_at(kafka_bootstrap)
+    try:
+        ensure_topics(settings, topics, partitions=40)
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        requests = {
+            TopicPartition(name, partition): LATEST_OFFSET
+            for name in topics.all()
+            for partition in range(len(admin.list_topics(name).topics[name].partitions))
+        }
+        refused = []
+        for tp, future in admin.list_offsets(requests, request_timeout=WAIT_S).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                refused.append(f"{tp.topic} [{tp.partition}]: {exc}")
+        assert refused == []
+    finally:
+        delete_topics(settings, list(topics.all()))
+
+
+def watermarks(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int]]:
+    """The low and high watermark of each partition of ``topic``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}"})
+    try:
+        return [
+            consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=WAIT_S)
+            for partition in range(partitions)
+        ]
+    finally:
+        consumer.close()
 
 
 def test_records_for_a_missing_topic_say_the_topic_is_missing(

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.settings import Settings
 from rlpulse.streams.exporter.state import LagKey
 from rlpulse.transport.clients import new_admin, new_consumer
+from rlpulse.transport.topics import LATEST_OFFSET
 
 __all__ = ["LagProbe"]
 
 log = logging.getLogger(__name__)
-_LATEST: Final[Any] = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 
 
 class LagProbe:
@@ -71,7 +70,7 @@ class LagProbe:
         if not partitions:
             return {}
         futures = self._admin.list_offsets(
-            {TopicPartition(tp.topic, tp.partition): _LATEST for tp in partitions},
+            {TopicPartition(tp.topic, tp.partition): LATEST_OFFSET for tp in partitions},
             request_timeout=self.timeout_s,
         )
         ends = {
