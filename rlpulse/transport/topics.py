@@ -34,7 +34,7 @@ __all__ = [
 
 LATEST_OFFSET: Final[Any] = OffsetSpec.latest()  # type: ignore[no-untyped-call]
 """The ``OffsetSpec`` of a partition's end, for ``AdminClient.list_offsets``."""
-PROBE_TIMEOUT_S: Final = 5.0
+_PROBE_TIMEOUT_S: Final = 5.0
 """How long one ListOffsets probe of new partitions waits (then the next is sent)."""
 
 _UNKNOWN_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
@@ -73,8 +73,9 @@ def ensure_topics(
     """Create the topics of ``topics`` (default: the settings' prefix) that do not exist yet.
 
     ``partitions`` defaults to ``settings.worker.partitions``. An existing topic with another
-    partition count is an error (:class:`TopicError`); returns, once every partition can be
-    written, what it created and the replication it created them with.
+    partition count is an error (:class:`TopicError`); returns, once every partition has a
+    leader and those of the topics it created are served (:func:`create_missing`), what it
+    created and the replication it created them with.
     """
     names = topics if topics is not None else Topics(settings.prefix)
     count = partitions if partitions is not None else settings.worker.partitions
@@ -226,7 +227,7 @@ def _unanswered_partitions(
         for name, count in wanted.items()
         for partition in range(count)
     }
-    timeout_s = max(1.0, min(PROBE_TIMEOUT_S, deadline - time.monotonic()))
+    timeout_s = max(1.0, min(_PROBE_TIMEOUT_S, deadline - time.monotonic()))
     futures = admin.list_offsets(requests, request_timeout=timeout_s)
     unanswered = []
     for tp, future in futures.items():
