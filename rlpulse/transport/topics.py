@@ -150,10 +150,8 @@ def create_missing(
         if name not in existing
     ]
     created: list[str] = []
-    fresh: list[str] = []  # created by this call or, a moment ago, by another process
     if new:
         for name, future in admin.create_topics(new, request_timeout=timeout_s).items():
-            fresh.append(name)
             try:
                 future.result()
             except KafkaException as exc:
@@ -161,6 +159,7 @@ def create_missing(
                     raise TopicError(f"could not create topic {name}: {exc}") from exc
             else:
                 created.append(name)
+    fresh = [topic.topic for topic in new]  # created by this call or by another one just now
     wait_until_writable(
         admin, {name: spec.partitions for name, spec in wanted.items()}, fresh, timeout_s
     )
