@@ -297,6 +297,11 @@ class WorkerSettings(JoinerSettings):
         gt=0,
         description="A summary, command or state write not delivered this long ends the worker.",
     )
+    stop_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A stop (SIGTERM, SIGINT) not finished this long ends the process at once.",
+    )
     stall_after_s: float = Field(
         default=300.0,
         gt=0,
@@ -436,6 +441,10 @@ class BrokerSettings(_Section):
         description="Client port; 0 picks a free one (the controller's always is).",
     )
     heap: str = Field(default="1g", pattern=r"^\d+[kmg]$", description="The JVM's -Xmx.")
+    jvm_options: list[str] = Field(
+        default_factory=list,
+        description="More options for the broker's JVM (the test suite: -XX:TieredStopAtLevel=1).",
+    )
 
 
 class LoggingSettings(_Section):
@@ -738,6 +747,16 @@ class CommandLimits(_Section):
         return self
 
 
+class OperatorSettings(_Section):
+    """What operator commands (``rlpulse control``, ``rlpulse rules publish``) wait for."""
+
+    kafka_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="How long an operator command waits for Kafka to answer or to confirm a write.",
+    )
+
+
 class SecuritySettings(_Section):
     """How every Kafka client authenticates and encrypts, and the key that signs commands.
 
@@ -944,6 +963,7 @@ class Settings(BaseSettings):
     search: SearchSettings = SearchSettings()
     index: IndexSettings = IndexSettings()
     commands: CommandLimits = CommandLimits()
+    operator: OperatorSettings = OperatorSettings()
     security: SecuritySettings = SecuritySettings()
 
     secret_fields: ClassVar[frozenset[str]] = frozenset(

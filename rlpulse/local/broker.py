@@ -139,6 +139,7 @@ class LocalBroker:
         self.port = settings.broker.port if port is None else port
         self.overrides = dict(overrides or {})
         self.heap = settings.broker.heap
+        self.jvm_options = list(settings.broker.jvm_options)
         self.secure = secure
 
     @property
@@ -394,6 +395,7 @@ class LocalBroker:
             f"-Xmx{self.heap}",
             "-Xms256m",
             "-XX:+UseG1GC",
+            *self.jvm_options,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={_kafka_files() / 'log4j2.properties'}",
             f"-Drlpulse.log.file={self.log_file}",

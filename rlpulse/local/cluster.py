@@ -30,9 +30,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
-from rlpulse.local.broker import LocalBroker, port_in_use
+from rlpulse.local.broker import STOP_TIMEOUT_S, LocalBroker, port_in_use
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import BrokerError
+from rlpulse.local.java import stop_pids
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import STATE_FILE, BrokerRecord
 
@@ -211,10 +212,14 @@ class LocalCluster:
         return [n for n in range(1, self.nodes + 1) if BrokerRecord.read(self._node_dir(n))]
 
     def down(self) -> bool:
-        """Stop every node; whether any ran."""
-        stopped = [self.stop(node) for node in range(1, self.nodes + 1)]
+        """Stop every node, all at once (one by one, the last waits for a lost quorum)."""
+        records = [BrokerRecord.read(self._node_dir(n)) for n in range(1, self.nodes + 1)]
+        pids = [record.pid for record in records if record is not None]
+        stop_pids(pids, STOP_TIMEOUT_S)
+        for node in range(1, self.nodes + 1):
+            self.node(node).down()  # the state of each node
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
-        return any(stopped)
+        return bool(pids)
 
     def status(self) -> str:
         """One line per node: up (pid, address) or down."""

@@ -9,6 +9,7 @@ after the pom's digest (a changed pom gets a new directory). Nothing is built fr
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -16,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Final
 
@@ -30,6 +31,7 @@ __all__ = [
     "require_tool",
     "require_tools",
     "stop_pid",
+    "stop_pids",
     "tail",
 ]
 
@@ -97,16 +99,27 @@ def require_tool(name: str, why: str, error: type[LocalError]) -> str:
 
 def stop_pid(pid: int, timeout_s: float) -> None:
     """SIGTERM ``pid``; SIGKILL it if still alive after ``timeout_s``; return once it is gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and pid_alive(pid):
-        time.sleep(0.1)
-    if pid_alive(pid):
+    stop_pids([pid], timeout_s)
+
+
+def stop_pids(pids: Collection[int], timeout_s: float) -> None:
+    """:func:`stop_pid` for several processes at once: each gets SIGTERM before any is waited for.
+
+    The nodes of a cluster must go together: a node stopped after the others waits for a
+    quorum that is gone (30 s here) before it exits.
+    """
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        while pid_alive(pid):
-            time.sleep(0.05)
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    while any(pid_alive(pid) for pid in pids):
+        time.sleep(0.05)
 
 
 class MavenJars:
@@ -146,9 +159,27 @@ class MavenJars:
         return (self.directory / ".complete").exists()
 
     def resolve(self, progress: Progress) -> Path:
-        """Return the jar directory, running Maven first if it is not cached yet."""
+        """Return the jar directory, running Maven first if it is not cached yet.
+
+        Processes resolving the same pom at once take turns (a lock file beside the cache):
+        the first runs Maven, the others find its result. Two Mavens writing one local
+        repository at once can leave a corrupt artifact in it.
+        """
         if self.ready():
             return self.directory
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.directory.with_name(self.directory.name + ".lock")
+        with lock_path.open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                progress(f"Waiting for another process resolving the {self.product} jars")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.ready():
+                return self.directory
+            return self._resolve(progress)
+
+    def _resolve(self, progress: Progress) -> Path:
         mvn = shutil.which("mvn")
         if mvn is None:
             raise self.error(

@@ -34,10 +34,11 @@ class AckWatch:
     """Reads the acks topic from its current end for the ack of one command id.
 
     Opening it finds the topic's partitions and their ends (:class:`AckWaitError` when the
-    topic does not exist or Kafka does not answer within ``timeout_s``).
+    topic does not exist or Kafka does not answer within ``operator.kafka_timeout_s``).
     """
 
-    def __init__(self, settings: Settings, timeout_s: float = 15.0) -> None:
+    def __init__(self, settings: Settings) -> None:
+        timeout_s = settings.operator.kafka_timeout_s
         self._topic = Topics(settings.prefix).acks
         self._diagnostics = ClientDiagnostics("operator", settings, quiet=True)
         self._consumer = new_consumer(
@@ -68,7 +69,7 @@ class AckWatch:
             error = kafka_error_of(exc)
             reason = self._diagnostics.cause() or (error.str() if error is not None else str(exc))
             raise AckWaitError(
-                f"{where} did not answer within {timeout_s:.0f} s ({reason}); nothing was sent"
+                f"{where} did not answer within {timeout_s:g} s ({reason}); nothing was sent"
             ) from None
         except AckWaitError:
             self.close()

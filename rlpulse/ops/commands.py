@@ -52,7 +52,7 @@ def action(kind: str, **params: ParamValue) -> Action:
     return {"type": kind, "params": {k: v for k, v in params.items() if v is not None}}
 
 
-def publish_command(settings: Settings, command: ControlCommand, timeout_s: float = 15.0) -> None:
+def publish_command(settings: Settings, command: ControlCommand) -> None:
     """Write ``command`` to the control topic and wait until the broker confirms it.
 
     With ``security.control_signing_key`` set, the command is signed first.
@@ -66,5 +66,4 @@ def publish_command(settings: Settings, command: ControlCommand, timeout_s: floa
         command["run_id"].encode(),
         default_codec().encode("ControlCommand", command),
         client="operator",
-        timeout_s=timeout_s,
     )

@@ -26,9 +26,10 @@ def publish_one(
     *,
     client: str,
     headers: list[tuple[str, str | bytes | None]] | None = None,
-    timeout_s: float = 15.0,
 ) -> None:
     """Produce one record to ``topic`` and wait until it is confirmed (:class:`PublishError`).
+
+    The wait lasts up to ``operator.kafka_timeout_s``.
 
     Refused credentials or a failed TLS handshake end the wait at once, with what to check;
     a record the broker refuses (no ACL to write ``topic``) ends it with the broker's word.
@@ -38,6 +39,7 @@ def publish_one(
     diagnostics = ClientDiagnostics(client, settings, quiet=True)
     producer = new_producer(settings, client, {"enable.idempotence": True}, diagnostics)
     failures: list[KafkaError] = []
+    timeout_s = settings.operator.kafka_timeout_s
 
     def delivered(error: KafkaError | None, _message: object) -> None:
         if error is not None:  # read later: in a callback after a fatal error it cannot be
@@ -75,7 +77,7 @@ def _unconfirmed(
     """Why a record was not confirmed within ``timeout_s``: no broker, or no topic."""
     cause = diagnostics.cause()
     if cause is not None:
-        return f"Kafka did not answer within {timeout_s:.0f} s ({cause})"
+        return f"Kafka did not answer within {timeout_s:g} s ({cause})"
     if topic_exists(producer, topic, _TOPIC_CHECK_S) is False:
         return missing_topic(topic)
-    return f"not confirmed within {timeout_s:.0f} s"
+    return f"not confirmed within {timeout_s:g} s"

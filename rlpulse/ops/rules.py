@@ -15,9 +15,7 @@ from rlpulse.settings import Settings
 __all__ = ["publish_rules"]
 
 
-def publish_rules(
-    source: str | os.PathLike[str], settings: Settings, timeout_s: float = 15.0
-) -> RuleSet:
+def publish_rules(source: str | os.PathLike[str], settings: Settings) -> RuleSet:
     """Validate ``source`` and write its text to the compacted rules topic.
 
     ``source`` is a rules file, or a preset name where no file of that name exists. Raises
@@ -44,6 +42,5 @@ def publish_rules(
         raw,
         client="rules publish",
         headers=[(SOURCE_HEADER, origin.encode())],
-        timeout_s=timeout_s,
     )
     return ruleset

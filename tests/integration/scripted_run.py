@@ -64,8 +64,13 @@ class ScriptedRun:
         self.control = ControlClient(self.run_id, settings=self.settings)
         self.received: list[ControlCommand] = []
 
-    def log_steps(self, steps: Iterable[int], ranks: Iterable[int] = range(RANKS)) -> None:
-        """Log ``steps`` on ``ranks`` (default: all) and wait until the broker has them."""
+    def log_steps(
+        self, steps: Iterable[int], ranks: Iterable[int] = range(RANKS), *, flush: bool = True
+    ) -> None:
+        """Log ``steps`` on ``ranks`` (default: all) and wait until the broker has them.
+
+        ``flush=False`` returns once they are logged; :meth:`flush` waits for them later.
+        """
         chosen = list(ranks)
         for step in steps:
             for rank in chosen:
@@ -75,7 +80,12 @@ class ScriptedRun:
                     rollout["entropy"] = math.nan
                 logger.log(rollout, step, "rollout")
                 logger.log({"kl_divergence": kl(step)}, step, "actor")
-        for rank in chosen:
+        if flush:
+            self.flush(chosen)
+
+    def flush(self, ranks: Iterable[int] = range(RANKS)) -> None:
+        """Wait until the broker has everything ``ranks`` logged."""
+        for rank in ranks:
             assert self.ranks[rank].flush(timeout_s=30.0) == 0
 
     def receive_commands(self, want: int, timeout_s: float, settle_s: float = 3.0) -> None:

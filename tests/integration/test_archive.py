@@ -54,6 +54,7 @@ def kill_while_writing(
     raise AssertionError(f"the archiver never wrote a file; its log:\n{archiver.log_text()}")
 
 
+@pytest.mark.slow
 def test_sigkill_while_writing_loses_and_repeats_nothing(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, archive_location: ArchiveLocation
 ) -> None:

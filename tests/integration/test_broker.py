@@ -83,6 +83,7 @@ def test_port_in_use_is_refused(tmp_path: Path) -> None:
     assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_ports_after_the_clients_stay_free(tmp_path: Path) -> None:
     """Alertmanager's 9093 and 9094 beside a broker on 9092: up, down and up again."""
     state = str(tmp_path / "broker")

@@ -71,7 +71,7 @@ from rlpulse.producers import RunLink
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import StepSummary
 from rlpulse.schemas.topics import Topics
-from rlpulse.settings import BrokerSettings, Settings
+from rlpulse.settings import Settings
 from rlpulse.streams.worker.app import EXIT_PUBLISH_FAILED
 from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.topics import ensure_topics
@@ -79,7 +79,11 @@ from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.broker, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.broker,
+    pytest.mark.timeout(600),
+    pytest.mark.slow,
+]
 
 RANKS = 4
 STEP_S = 0.3
@@ -98,7 +102,7 @@ TOOK_OVER = "took over partition"
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     """Three local Kafka nodes, stopped after this module's tests."""
-    settings = Settings(broker=BrokerSettings(heap="512m"))
+    settings = Settings().updated({"broker.heap": "512m"})
     state = settings.home / f"test-cluster-{uuid.uuid4().hex[:8]}"
     local = LocalCluster(settings, nodes=3, state_dir=state, port=0)
     local.up()

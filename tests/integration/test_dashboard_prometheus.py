@@ -45,7 +45,7 @@ from tests.integration.watched_run import (
     throughput,
 )
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 DASHBOARD = COMPOSE / "grafana" / "dashboards" / "rlpulse.json"
 NAMESPACE = "verl"

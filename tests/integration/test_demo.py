@@ -14,7 +14,7 @@ from rlpulse.local.child_process import free_port
 from rlpulse.settings import Settings
 from tests.integration.fresh import environment
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
 def test_demo_runs_its_own_broker_scales_the_batch_and_stops_at_kl_guard(fresh_home: Path) -> None:

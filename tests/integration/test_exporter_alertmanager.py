@@ -22,7 +22,7 @@ from rlpulse.schemas.topics import Topics
 from tests.integration.monitoring import Alertmanager, WebhookReceiver
 from tests.kafka import settings_at
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 RULES = """\
 version: 1

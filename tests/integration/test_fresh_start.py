@@ -54,6 +54,7 @@ def local_broker(fresh_home: Path) -> Iterator[tuple[str, dict[str, str]]]:
         assert down.returncode == 0, down.stderr
 
 
+@pytest.mark.slow
 def test_worker_started_right_after_broker_up_runs_the_seed_rules(
     local_broker: tuple[str, dict[str, str]], fresh_home: Path
 ) -> None:
@@ -75,7 +76,11 @@ def test_worker_started_right_after_broker_up_runs_the_seed_rules(
     finally:
         run.close()
         worker.send_signal(signal.SIGTERM)
-        code = worker.wait(timeout=60)
+        try:
+            code = worker.wait(timeout=60)
+        finally:
+            if worker.poll() is None:  # no worker outlives a failed test
+                worker.kill()
     guard = [c for c in run.received if c["rule_id"] == "kl-guard"]
     assert [(c["stage"], c["step"]) for c in guard] == [("actor", KL_GUARD_STEP)], tail(log, 40)
     assert code == 0, tail(log, 40)

@@ -27,7 +27,7 @@ from tests.integration.test_run_end import run_ends
 from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 SCRIPT = Path(__file__).parent / "hf_scripts" / "train_until_stopped.py"
 RUN_TIMEOUT_S = 240

@@ -43,7 +43,7 @@ from tests.integration.log_run import (
 from tests.kafka import read_all, settings_at
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 PHASES = ((0, 10), (10, 20), (20, 30))

@@ -3,6 +3,7 @@ commands that cannot reach Kafka (`control`, `rules publish`) end with one sente
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -24,10 +25,23 @@ pytestmark = pytest.mark.broker
 PRESETS = Path(schema.__file__).with_name("presets")
 
 
-def control(bootstrap: str, topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:
+SHORT_WAIT = {"RLPULSE_OPERATOR__KAFKA_TIMEOUT_S": "2"}
+"""For a write that cannot be confirmed: the operator's wait (15 s by default) set to 2 s."""
+
+
+def control(
+    bootstrap: str, topics: Topics, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "rlpulse", "control", *args]
     command += ["--bootstrap", bootstrap, "--prefix", topics.prefix]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=os.environ | (env or {}),
+    )
 
 
 def receive(client: ControlClient, want: int, timeout_s: float = 30.0) -> list[ControlCommand]:
@@ -144,30 +158,40 @@ def test_no_ack_within_the_wait_is_exit_status_2(kafka_bootstrap: str, topics: T
 
 def test_unreachable_broker_is_one_clear_error(topics: Topics) -> None:
     refused = "(Connect to ipv4#127.0.0.1:1 failed: Connection refused)"
-    result = control("127.0.0.1:1", topics, "stop", "run-x", "--no-wait")
+    result = control("127.0.0.1:1", topics, "stop", "run-x", "--no-wait", env=SHORT_WAIT)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"error: could not publish to {topics.control} at 127.0.0.1:1: Kafka did not answer "
-        f"within 15 s {refused}"
+        f"within 2 s {refused}"
     ]
-    waiting = control("127.0.0.1:1", topics, "stop", "run-x")  # the ack watch asks first
+    # the ack watch asks first
+    waiting = control("127.0.0.1:1", topics, "stop", "run-x", env=SHORT_WAIT)
     assert waiting.returncode == 1
     assert waiting.stderr.splitlines() == [
-        f"error: Kafka at 127.0.0.1:1 did not answer within 15 s {refused}; nothing was sent"
+        f"error: Kafka at 127.0.0.1:1 did not answer within 2 s {refused}; nothing was sent"
     ]
 
 
 def test_rules_publish_names_the_cause(kafka_bootstrap: str) -> None:
     rules = PRESETS / "seed.yaml"
-    unreachable = rlpulse_cli("rules", "publish", str(rules), "--bootstrap", "127.0.0.1:1")
+    unreachable = rlpulse_cli(
+        "rules", "publish", str(rules), "--bootstrap", "127.0.0.1:1", env=SHORT_WAIT
+    )
     assert unreachable.returncode == 1
     assert unreachable.stderr.splitlines() == [
         "error: could not publish to rlpulse.rules at 127.0.0.1:1: Kafka did not answer within "
-        "15 s (Connect to ipv4#127.0.0.1:1 failed: Connection refused)"
+        "2 s (Connect to ipv4#127.0.0.1:1 failed: Connection refused)"
     ]
     nowhere = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
     missing = rlpulse_cli(
-        "rules", "publish", str(rules), "--bootstrap", kafka_bootstrap, "--prefix", nowhere.prefix
+        "rules",
+        "publish",
+        str(rules),
+        "--bootstrap",
+        kafka_bootstrap,
+        "--prefix",
+        nowhere.prefix,
+        env=SHORT_WAIT,
     )
     assert missing.returncode == 1
     assert missing.stderr.splitlines() == [
@@ -177,13 +201,14 @@ def test_rules_publish_names_the_cause(kafka_bootstrap: str) -> None:
     ]
 
 
-def rlpulse_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def rlpulse_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rlpulse", *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        env=os.environ | (env or {}),
     )
 
 

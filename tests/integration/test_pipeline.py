@@ -164,6 +164,7 @@ def test_a_rank_that_never_reports_is_closed_by_grace(
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+@pytest.mark.slow
 def test_worker_restart_mid_run_loses_nothing_and_repeats_nothing(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path, sig: signal.Signals
 ) -> None:

@@ -46,7 +46,7 @@ from tests.integration.scrape import scrape
 from tests.integration.scripted_run import consume_all
 from tests.kafka import settings_at
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 RANKS = 4
 STEP_INTERVAL_S = 0.1

@@ -68,6 +68,7 @@ def receive(client: ControlClient, want: int, timeout_s: float = 30.0) -> list[C
     return got
 
 
+@pytest.mark.slow
 def test_published_edit_takes_effect_and_keeps_unchanged_state(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:

@@ -156,6 +156,7 @@ def wait_for_step(bootstrap: str, topics: Topics, run_id: str, step: int, ranks:
     )
 
 
+@pytest.mark.slow
 def test_a_rule_stopped_torchrun_loop_ends_once_from_rank_0_and_is_audited(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
@@ -207,6 +208,7 @@ def test_a_trainer_run_to_its_last_step_ends_once_and_is_audited(
     assert "no run_end" not in audit["summary"]
 
 
+@pytest.mark.slow
 def test_a_killed_run_is_audited_after_its_silence_and_again_when_resumed(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:

@@ -56,6 +56,7 @@ def call(method: str, url: str, body: Any = None) -> Any:
     return answer
 
 
+@pytest.mark.slow
 def test_up_in_a_fresh_home_finds_what_it_indexed_then_status_and_down(tmp_path: Path) -> None:
     env = {**os.environ, "RLPULSE_HOME": str(tmp_path / "home")}
     started = time.monotonic()

@@ -288,6 +288,7 @@ def test_a_reader_credential_cannot_produce_anything(
     assert any(e["run_id"] == run_id for e in events)  # reading is what it may do
 
 
+@pytest.mark.slow
 def test_a_wrong_password_fails_with_one_sentence(
     secured: SecuredBroker, worker: SecuredWorker, tmp_path: Path
 ) -> None:

@@ -34,7 +34,7 @@ from tests.integration.monitoring import COMPOSE, Prometheus
 from tests.integration.test_verl import StandInTrainer, verl_config
 from tests.integration.topic_reader import read_until
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 DASHBOARD = COMPOSE / "grafana" / "dashboards" / "rlpulse.json"
 KL_FROM = 10

@@ -25,6 +25,8 @@ from rlpulse.local.child_process import free_port
 from rlpulse.producers.integrations import verl_env
 from rlpulse.producers.trace import TRACE_ENV
 
+pytestmark = [pytest.mark.slow]
+
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 

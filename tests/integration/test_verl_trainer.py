@@ -62,6 +62,8 @@ from tests.integration.test_run_end import run_ends
 from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at
 
+pytestmark = [pytest.mark.slow]
+
 WORDS = ["<pad>", "<eos>", "<unk>", "user", "assistant", ":", "what", "is", "one", "plus", "two"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from rlpulse.local.broker import tail
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger
 from rlpulse.schemas.codec import default_codec
@@ -27,7 +28,7 @@ from rlpulse.transport.topics import delete_topics, ensure_topics, topic_exists
 from tests.integration.topic_reader import read_until
 from tests.kafka import settings_at
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 RUN = "fail-fast-run"
 
@@ -56,7 +57,7 @@ def test_a_failed_publish_ends_the_worker_and_the_restart_publishes_what_never_l
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     settings = settings_at(kafka_bootstrap, topics)
-    env = {"RLPULSE_WORKER__PUBLISH_TIMEOUT_S": "5"}
+    env = {"RLPULSE_WORKER__PUBLISH_TIMEOUT_S": "5", "RLPULSE_WORKER__LOG_LEVEL": "info"}
     first = WorkerProcess(
         kafka_bootstrap, topics.prefix, tmp_path / "first.log", partitions=3, env=env
     )
@@ -90,7 +91,10 @@ def test_a_failed_publish_ends_the_worker_and_the_restart_publishes_what_never_l
         ensure_topics(settings, topics, partitions=3)  # the operator puts the topic back
         second.start()
         second.wait_consuming(timeout_s=90.0)
-        after = summaries(kafka_bootstrap, topics, {4, 5})
+        try:
+            after = summaries(kafka_bootstrap, topics, {4, 5})
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- second worker\n{tail(second.log_file, 40)}") from exc
         assert sorted((s["step"], s["revision"]) for s in after) == [(4, 1), (5, 1)]
     finally:
         logger.close(10)

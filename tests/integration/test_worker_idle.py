@@ -1,7 +1,8 @@
 """A healthy worker that has gone idle logs no ERROR.
 
 faust checks every assigned partition for a stalled stream once ``worker.stall_after_s`` has
-passed (300 s by default: shortened to 3 s here). A worker that joined a short run and then sat
+passed (300 s by default: shortened to 3 s here), every 2.5 commit intervals (``worker.
+commit_interval_s``, 2.8 s by default: 1 s here). A worker that joined a short run and then sat
 idle must not report its tables' changelogs, which no stream reads, as stalled.
 """
 
@@ -17,10 +18,11 @@ from rlpulse.producers import EventLogger
 from rlpulse.schemas.topics import Topics
 from tests.kafka import settings_at
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 STALL_AFTER_S = 3.0
-IDLE_S = 25.0  # more than three of faust's check intervals (2.5 x the 2.8 s commit interval)
+COMMIT_INTERVAL_S = 1.0  # 2.8 s by default
+IDLE_S = 9.0  # more than three of faust's check intervals (2.5 x the commit interval)
 
 
 def test_an_idle_worker_logs_no_error(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
@@ -30,7 +32,10 @@ def test_an_idle_worker_logs_no_error(kafka_bootstrap: str, topics: Topics, tmp_
         tmp_path / "worker.log",
         partitions=3,
         grace_s=2.0,
-        env={"RLPULSE_WORKER__STALL_AFTER_S": str(STALL_AFTER_S)},
+        env={
+            "RLPULSE_WORKER__STALL_AFTER_S": str(STALL_AFTER_S),
+            "RLPULSE_WORKER__COMMIT_INTERVAL_S": str(COMMIT_INTERVAL_S),
+        },
     )
     try:
         worker.start()

@@ -106,5 +106,15 @@ def wait_until_durable(
 
 def kl_guard_streak(bootstrap: str, group: str, run_id: str) -> int:
     """How many consecutive evaluations kl-guard's condition held, in the durable state."""
-    state = rule_states(bootstrap, group)[run_key(run_id, 0)]
-    return int(state["stages"]["actor"]["rules"]["kl-guard"]["streak_length"])
+    return kl_guard_streaks(bootstrap, group, [run_id])[run_id]
+
+
+def kl_guard_streaks(bootstrap: str, group: str, run_ids: list[str]) -> dict[str, int]:
+    """:func:`kl_guard_streak` of each run, from one read of the changelog."""
+    states = rule_states(bootstrap, group)
+    return {
+        run_id: int(
+            states[run_key(run_id, 0)]["stages"]["actor"]["rules"]["kl-guard"]["streak_length"]
+        )
+        for run_id in run_ids
+    }

@@ -12,4 +12,5 @@ def rlpulse_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``RLPULSE_HOME`` (spools, state) is the test's own directory."""
     home = tmp_path / "rlpulse-home"
     monkeypatch.setenv("RLPULSE_HOME", str(home))
+    monkeypatch.delenv("RLPULSE_BROKER__JVM_OPTIONS", raising=False)  # tests/conftest.py's
     return home

@@ -140,7 +140,7 @@ def test_the_worker_reports_a_bad_rules_file_as_rules_check_does(tmp_path: Path)
 
 def test_publish_takes_a_preset_name_like_every_rules_argument() -> None:
     """No broker listens at port 1: a preset gets as far as publishing (a file would too)."""
-    env = {"COLUMNS": "200"}
+    env = {"COLUMNS": "200", "RLPULSE_OPERATOR__KAFKA_TIMEOUT_S": "2"}
     args = ["--bootstrap", "127.0.0.1:1", "--prefix", "unit"]
     preset = CliRunner().invoke(app, ["rules", "publish", "seed", *args], env=env)
     assert preset.exit_code == 1

@@ -26,6 +26,16 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert setup_commands()[1] in ci_lines
 
 
+def test_ci_installs_the_system_packages_the_readme_names() -> None:
+    """A newcomer with what the README's set-up names has everything CI has."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    (packages,) = re.findall(r"`(apt-get [^`]+)`", section)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert packages in ci.splitlines()
+    assert ci.count("apt-get install") == 1  # CI installs nothing else
+
+
 def test_readme_names_a_fast_subset_and_one_file() -> None:
     text = (ROOT / "README.md").read_text()
     assert "`python -m pytest tests/unit`" in text

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -376,6 +377,7 @@ def series(values: Sequence[float], *, stage: str = "actor", start: int = 1) -> 
     ]
 
 
+@pytest.mark.slow
 @settings(
     max_examples=400,
     deadline=None,
@@ -402,6 +404,7 @@ STICKY_POOLS = st.sampled_from(FEW_VALUES).map(  # one value most of the time: l
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     specs=rule_sets(FEW_THRESHOLDS, stop_one_in=3),

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import faust
 from confluent_kafka import KafkaException
@@ -27,7 +31,7 @@ from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
 from rlpulse.transport.replication import Replication, fix_commands, under_replicated
 from rlpulse.transport.topics import create_missing, ensure_topics
 
-__all__ = ["run_worker", "start_up", "warn_under_replicated"]
+__all__ = ["BoundedStopWorker", "run_worker", "start_up", "warn_under_replicated"]
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -105,6 +109,41 @@ def warn_under_replicated(
     return [t.topic for t in short]
 
 
+class BoundedStopWorker(faust.Worker):
+    """faust's worker, whose stop ends the process within ``stop_timeout_s`` whatever happens.
+
+    faust's stop waits until every message its agent took is acknowledged; a message taken
+    and never finished makes that wait endless (seen here once: two ticks taken in the first
+    seconds of a worker's life, still waited for when it was stopped minutes later). A
+    supervisor would SIGKILL such a process after its own grace period; this ends it first,
+    saying why. Nothing is lost either way: what was committed stands, and the next owner of
+    a partition reads it again from its committed offset (as after a SIGKILL).
+    """
+
+    def __init__(self, app: faust.App, stop_timeout_s: float, **options: Any) -> None:
+        super().__init__(app, **options)
+        self._stop_timeout_s = stop_timeout_s
+
+    async def on_stop(self) -> None:
+        """Start the clock on the stop, then stop as faust does."""
+        threading.Thread(
+            target=_exit_after, args=(self._stop_timeout_s,), name="rlpulse-stop", daemon=True
+        ).start()
+        await super().on_stop()
+
+
+def _exit_after(timeout_s: float) -> None:
+    time.sleep(timeout_s)
+    log.warning(
+        "the worker did not stop within %g s (worker.stop_timeout_s): faust still waits for "
+        "messages it took and never finished; exiting now (what was committed stands; the "
+        "rest is read again by the next owner of those partitions)",
+        timeout_s,
+    )
+    logging.shutdown()
+    os._exit(0)
+
+
 def run_worker(settings: Settings, say: Say) -> None:
     """Start a worker (see :func:`start_up`) and run it until SIGTERM or SIGINT."""
     worker_app = start_up(settings, say)
@@ -115,7 +154,9 @@ def run_worker(settings: Settings, say: Say) -> None:
     gc.set_threshold(settings.worker.gc_threshold, *gc.get_threshold()[1:])
     gc.freeze()
     level = settings.worker.log_level
-    worker = faust.Worker(worker_app.app, loglevel=level, quiet=True)
+    worker = BoundedStopWorker(
+        worker_app.app, settings.worker.stop_timeout_s, loglevel=level, quiet=True
+    )
     if not worker.stdout.isatty():
         worker.spinner = None  # it hides and shows the cursor even where there is none
     # Their debug calls would build a log record per message sent or received.
