@@ -12,7 +12,8 @@ the worker would have issued for it:
   its first event, as it would have.
 - **end of the recording**: groups still open are closed as the worker's timer would close
   them if the runs went quiet: ``expire`` at the last clock value plus the grace period
-  (``closed_by`` ``grace``), so the last steps are evaluated too.
+  (``closed_by`` ``grace``), so the last steps are evaluated too; or plus the revision
+  linger, if that is longer, so pending revisions of late ranks are emitted too.
 - **attempts**: events without one get it inferred (docs/design.md, "Attempts"): a step at
   or below the last
   seen step of the same run, stage and rank starts that rank's next attempt; a (stage,
@@ -433,7 +434,8 @@ def run_backtest(
             result.rejected.append(Rejection(item.path, item.line, output.rejected))
         result.duplicates += output.duplicate
         result.take(output)
-    end_ns = now_ns + round(joiner_settings.grace_s * _SECOND_NS)  # every open group is due
+    quiet_s = max(joiner_settings.grace_s, joiner_settings.revision_linger_s)
+    end_ns = now_ns + round(quiet_s * _SECOND_NS)  # every open group and pending revision is due
     result.take(pipeline.expire(end_ns))
     result.runs = list(runs)
     return result

@@ -8,12 +8,14 @@ would come back as strings, so keys are strings)::
     stages[f"{run}|{attempt}|{stage}"] -> JoinerStage
         everything of a stage that is still changing: its unreleased groups (open, or
         closed and waiting for an earlier open step) with their merged events, the
-        released steps still retained for late events, the emitted frontier (highest
-        released step) and the last ranks of recent steps (straggler tracking).
+        released steps still retained for late events, the released steps with a revision
+        pending, the emitted frontier (highest released step) and the last ranks of recent
+        steps (straggler tracking).
     groups[f"{run}|{attempt}|{stage}|{step}"] -> GroupState
         a released group: per rank the winning value and seq of each metric, the
-        (producer_id, seq) pairs seen, tags, timestamps, revision and when it was
-        emitted, so late events recompute it and its summary can be rebuilt.
+        (producer_id, seq) pairs seen, tags, timestamps, revision, when it was emitted and
+        whether late events wait for a revision, so late events recompute it and its
+        summary can be rebuilt.
     runs[f"{run}|{attempt}"] -> list[str]
         the stage names of a run attempt, so ``run_end`` finds everything to close.
 
@@ -28,12 +30,25 @@ stage entry without any group is kept for one more late window, so late events s
 its frontier and are refused as too late. Keys are split from the right, so ``stage`` must
 not contain ``|`` (``run_id`` may).
 
+Revisions are coalesced. A late event is merged into its released group at once, but only
+marks a revision as pending (``pending_ns``: when the first late event since the last
+summary arrived; the stage lists the step in ``pending``). The revision is emitted when a
+late event makes the group complete (at once), by ``expire`` ``revision_linger_s`` after the
+mark, at the run's ``run_end``, or by ``expire`` when the group leaves at the end of its late
+window; each emission carries everything merged so far and clears the mark. So a burst of
+late ranks costs one revision; apart from the one completing the step and those at
+``run_end`` and at the window's end, a step gets at most one revision per linger. The fields
+``pending_ns`` and ``pending`` are read with defaults, so state written before them loads.
+
 Crash consistency. A caller that persists the mappings in batches (the worker) must make
 ``groups`` and ``runs`` durable before ``stages`` and the summaries before ``groups``. Then
 any persisted state is one from which replaying the not-yet-committed events gives the same
 summaries with the same ids: a stage that is behind replays its unreleased groups from their
 events (a released group it had not yet recorded is adopted from ``groups``, whose summary is
-already out), and everything a persisted record says was emitted has been published.
+already out), and everything a persisted record says was emitted has been published. A
+pending revision is durable with its group's events (the mark is written with them); a
+stage record that missed the mark gets it back when the replayed late event meets the group
+as a duplicate, and a listed step whose group is no longer pending is dropped from the list.
 
 Keys come from :mod:`rlpulse.streams.keys`; input is judged by
 :func:`rlpulse.schemas.validation.event_problem`, the same check the trainer makes.
@@ -47,7 +62,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from rlpulse.rules.arith import exact_mean, exact_std, exact_sum, nan_max, nan_min
 from rlpulse.schemas.records import ClosedBy, MetricStats, StepSummary, TrainerEvent
@@ -94,6 +109,7 @@ class GroupState(TypedDict):
     released_ns: int | None  # now_ns of revision 1: the late window
     emitted_ns: int  # now_ns of the last summary, 0 before the first
     stragglers: list[int]  # fixed at release from the stage's recent last ranks
+    pending_ns: NotRequired[int | None]  # now_ns of the first late event not yet emitted
 
 
 class JoinerStage(TypedDict):
@@ -104,6 +120,7 @@ class JoinerStage(TypedDict):
     frontier: int  # highest released step, -1 before the first
     drained_ns: int | None  # when its last group was deleted
     last_ranks: list[int]  # last rank of each recent complete step, oldest first
+    pending: NotRequired[list[int]]  # released steps with a revision pending, ascending
 
 
 @dataclass(frozen=True)
@@ -143,6 +160,7 @@ class StepJoiner:
         self._limits = limits if limits is not None else EventLimits()
         self._grace_ns = round(self._settings.grace_s * _SECOND_NS)
         self._late_ns = round(self._settings.late_window_s * _SECOND_NS)
+        self._linger_ns = round(self._settings.revision_linger_s * _SECOND_NS)
 
     def add(self, event: TrainerEvent, now_ns: int) -> JoinOutcome:
         """Merge one event; ``now_ns`` is the wall clock. Never raises for bad input."""
@@ -174,9 +192,14 @@ class StepJoiner:
         return self._add_unreleased(skey, stage, group, event, now_ns)
 
     def expire(self, now_ns: int, stage_keys: Iterable[str] | None = None) -> list[StepSummary]:
-        """Close groups whose grace ran out and delete those past the late window.
+        """Emit due revisions, close groups whose grace ran out, delete those past the window.
 
-        Only the given stage keys if any, else every stage. Returns the summaries released.
+        Only the given stage keys if any, else every stage. A revision is due
+        ``revision_linger_s`` after its pending mark; a group leaving at the end of its late
+        window emits its pending revision first. Only the groups of steps the stage lists as
+        pending are read for this, not every retained group. Returns the summaries released:
+        per stage the due revisions, then the steps released, then the revisions of the
+        groups deleted.
         """
         keys = list(self._stages) if stage_keys is None else list(stage_keys)
         summaries: list[StepSummary] = []
@@ -184,6 +207,8 @@ class StepJoiner:
             stage = self._stages.get(skey)
             if stage is None:
                 continue
+            revised, relisted = self._revise(skey, stage, now_ns, due_only=True)
+            summaries += revised
             due = False
             for group in stage["groups"].values():
                 if group["closed_by"] is None and now_ns - group["arrived_ns"] >= self._grace_ns:
@@ -191,11 +216,12 @@ class StepJoiner:
                     due = True
             if due:
                 summaries += self._settle(skey, stage, now_ns)
-            pruned = self._prune(skey, stage, now_ns)
+            pruned, last = self._prune(skey, stage, now_ns)
+            summaries += last
             drained = stage["drained_ns"]
             if drained is not None and now_ns - drained >= self._late_ns:
                 self._drop_stage(skey)
-            elif due or pruned:
+            elif due or pruned or relisted:
                 self._stages[skey] = stage
         return summaries
 
@@ -246,7 +272,11 @@ class StepJoiner:
         event: TrainerEvent,
         now_ns: int,
     ) -> JoinOutcome:
-        """An event for a released group: a new revision, unless too late or a duplicate."""
+        """An event for a released group: merged, and a revision pending or emitted at once.
+
+        At once when the event completes the group; else the group is marked pending and
+        ``expire`` (or ``run_end``) emits it. Refused when too late; nothing for a duplicate.
+        """
         step = event["step"]
         gkey = group_key(skey, step)
         released = group["released_ns"]
@@ -265,9 +295,23 @@ class StepJoiner:
             stage["drained_ns"] = None
             self._stages[skey] = stage
         if _seen(group, event):
+            if group.get("pending_ns") is not None and _list(stage, step):
+                # A replay after a crash: the group's mark was persisted, the stage's was not.
+                self._stages[skey] = stage
             return _DUPLICATE
+        was_complete = len(group["ranks"]) == group["world_size"]
         _merge(group, event)
-        return JoinOutcome([self._emit(gkey, group, now_ns)])
+        if not was_complete and len(group["ranks"]) == group["world_size"]:
+            summary = self._emit(gkey, group, now_ns)
+            if _unlist(stage, step):
+                self._stages[skey] = stage
+            return JoinOutcome([summary])
+        if group.get("pending_ns") is None:
+            group["pending_ns"] = now_ns
+        self._groups[gkey] = group
+        if _list(stage, step):
+            self._stages[skey] = stage
+        return _NOTHING
 
     def _new_stage(self, skey: str) -> JoinerStage:
         rkey, name = split_stage_key(skey)
@@ -303,31 +347,68 @@ class StepJoiner:
 
     def _emit(self, gkey: str, group: GroupState, now_ns: int) -> StepSummary:
         """Compute the group's next revision and write the group to ``groups``."""
-        group["revision"] += 1
-        group["emitted_ns"] = now_ns
+        summary = _revised(gkey, group, now_ns)
         self._groups[gkey] = group
-        return _summarize(gkey, group)
+        return summary
 
-    def _prune(self, skey: str, stage: JoinerStage, now_ns: int) -> bool:
-        """Delete retained groups past the late window; True if any was deleted."""
+    def _revise(
+        self, skey: str, stage: JoinerStage, now_ns: int, *, due_only: bool
+    ) -> tuple[list[StepSummary], bool]:
+        """Emit the stage's pending revisions: those whose linger ran out, or all of them.
+
+        Returns them in step order, and whether ``stage["pending"]`` changed (then the
+        caller writes ``stage`` back). A listed step whose group is gone or not pending (the
+        stage record was persisted before the group's last emission) is dropped.
+        """
+        pending = stage.get("pending")
+        if not pending:
+            return [], False
+        summaries: list[StepSummary] = []
+        kept: list[int] = []
+        for step in pending:
+            gkey = group_key(skey, step)
+            group = self._groups.get(gkey)
+            since = None if group is None else group.get("pending_ns")
+            if group is None or since is None:
+                continue
+            if due_only and now_ns - since < self._linger_ns:
+                kept.append(step)
+                continue
+            summaries.append(self._emit(gkey, group, now_ns))
+        if len(kept) == len(pending):
+            return summaries, False
+        stage["pending"] = kept
+        return summaries, True
+
+    def _prune(self, skey: str, stage: JoinerStage, now_ns: int) -> tuple[bool, list[StepSummary]]:
+        """Delete retained groups past the late window.
+
+        Returns whether any was deleted, and the revisions the deleted groups still had
+        pending (emitted now, before they go).
+        """
         retained = stage["retained"]
         pruned = False
+        summaries: list[StepSummary] = []
         while retained:  # released in step order, so the oldest come first
             span = retained[0]
-            gkey = group_key(skey, span[0])
+            step = span[0]
+            gkey = group_key(skey, step)
             group = self._groups.get(gkey)
             released = None if group is None else group["released_ns"]
             if released is not None and now_ns - released < self._late_ns:
                 break
             if group is not None:
+                if group.get("pending_ns") is not None:
+                    summaries.append(_revised(gkey, group, now_ns))
                 del self._groups[gkey]
+            _unlist(stage, step)
             pruned = True
             span[0] += 1
             if span[0] > span[1]:
                 del retained[0]
         if pruned and not (retained or stage["groups"]):
             stage["drained_ns"] = now_ns
-        return pruned
+        return pruned, summaries
 
     def _drop_stage(self, skey: str) -> None:
         del self._stages[skey]
@@ -339,18 +420,26 @@ class StepJoiner:
             del self._runs[rkey]
 
     def _close_run(self, rkey: str, now_ns: int) -> list[StepSummary]:
-        """Close every open group of a run attempt (``run_end``); release them per stage."""
+        """End a run attempt (``run_end``).
+
+        Per stage: emit its pending revisions, then close every open group and release them.
+        """
         summaries: list[StepSummary] = []
         for name in self._runs.get(rkey, []):
             skey = stage_key_of(rkey, name)
             stage = self._stages.get(skey)
-            if stage is None or not stage["groups"]:
+            if stage is None:
                 continue
+            revised, relisted = self._revise(skey, stage, now_ns, due_only=False)
+            summaries += revised
+            unreleased = bool(stage["groups"])
             for group in stage["groups"].values():
                 if group["closed_by"] is None:
                     group["closed_by"] = "run_end"
-            summaries += self._settle(skey, stage, now_ns)
-            self._stages[skey] = stage
+            if unreleased:
+                summaries += self._settle(skey, stage, now_ns)
+            if relisted or unreleased:
+                self._stages[skey] = stage
         return summaries
 
 
@@ -376,6 +465,35 @@ def _retain(spans: list[list[int]], step: int) -> None:
         spans[index][0] = step
     else:
         spans.insert(index, [step, step])
+
+
+def _list(stage: JoinerStage, step: int) -> bool:
+    """Add ``step`` to the stage's pending steps; False if it was listed already."""
+    pending = stage.get("pending", [])
+    index = bisect.bisect_left(pending, step)
+    if index < len(pending) and pending[index] == step:
+        return False
+    pending.insert(index, step)
+    stage["pending"] = pending
+    return True
+
+
+def _unlist(stage: JoinerStage, step: int) -> bool:
+    """Remove ``step`` from the stage's pending steps; False if it was not listed."""
+    pending = stage.get("pending", [])
+    index = bisect.bisect_left(pending, step)
+    if index == len(pending) or pending[index] != step:
+        return False
+    del pending[index]
+    return True
+
+
+def _revised(gkey: str, group: GroupState, now_ns: int) -> StepSummary:
+    """Count the group's next revision, clear its pending mark, and summarize it."""
+    group["revision"] += 1
+    group["emitted_ns"] = now_ns
+    group["pending_ns"] = None
+    return _summarize(gkey, group)
 
 
 def _world_size_differs(gkey: str, event: TrainerEvent, group: GroupState) -> JoinOutcome:
@@ -406,6 +524,7 @@ def _new_group(event: TrainerEvent, now_ns: int) -> GroupState:
         "released_ns": None,
         "emitted_ns": 0,
         "stragglers": [],
+        "pending_ns": None,
     }
 
 

@@ -100,7 +100,10 @@ class StepPipeline:
         )
 
     def expire(self, now_ns: int, stage_keys: Iterable[str] | None = None) -> StepOutput:
-        """Close what the grace period has made due (in ``stage_keys``, else everywhere)."""
+        """Close the steps whose grace ran out and emit the revisions whose linger ran out.
+
+        In ``stage_keys``, else everywhere. The rule engine evaluates revision 1 only.
+        """
         return StepOutput(self._evaluate(self.joiner.expire(now_ns, stage_keys), now_ns))
 
     def _evaluate(self, summaries: list[StepSummary], now_ns: int) -> list[Released]:

@@ -405,6 +405,28 @@ def test_the_end_of_the_recording_closes_open_steps(tmp_path: Path) -> None:
     assert [(f["step"], f["issued_ns"]) for f in result.commands] == [(1, 12 * S)]
 
 
+def test_late_ranks_of_a_recording_make_one_revision(tmp_path: Path) -> None:
+    """As in the worker: late ranks within ``revision_linger_s`` of the first one make one
+    revision, emitted when the recorded clock passes the linger, or at the end."""
+    lines = [(1, 0, 0.0)]  # (step, rank, seconds); world size 8
+    lines += [(2, rank, 40.0) for rank in range(8)]  # step 1 closes by grace before these
+    lines += [(1, rank, 41.0 + rank / 10) for rank in range(1, 7)]  # rank 7 never comes
+    lines += [(3, rank, 50.0) for rank in range(8)]
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        "".join(
+            rlpulse_line(step=step, rank=rank, world_size=8, attempt=0, timestamp_ns=round(sec * S))
+            for step, rank, sec in lines
+        )
+    )
+    result = run_backtest(X_ABOVE_1, read_recording(path))
+    assert (result.events, result.summaries, result.rejected) == (23, 4, [])  # 3 steps, 1 revision
+
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:15]))  # ends pending
+    settings = JoinerSettings(grace_s=7, revision_linger_s=60)
+    assert run_backtest(X_ABOVE_1, read_recording(path), settings).summaries == 3
+
+
 def test_a_resumed_run_is_attempt_1_from_where_its_steps_go_back(tmp_path: Path) -> None:
     kl = {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.1, 4: 0.5, 5: 0.5}  # attempt 0: steps 0..5
     resumed = {3: 0.1, 4: 0.1, 5: 0.1, 6: 0.5, 7: 0.5}  # resumed from step 2's checkpoint

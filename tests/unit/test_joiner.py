@@ -26,6 +26,7 @@ S = 1_000_000_000
 T0 = 1_700_000_000 * S
 GRACE = 30 * S
 LATE = 600 * S
+LINGER = 2 * S  # revision_linger_s by default
 NAN = float("nan")
 INF = float("inf")
 
@@ -230,6 +231,8 @@ def test_duplicates_are_dropped() -> None:
 
 
 def test_late_event_within_window_emits_a_revision() -> None:
+    """A late rank that completes the step: a revision at once; one more event for the
+    complete step: a revision once the linger ran out."""
     joiner = make()
     joiner.add(ev(0, 1, {"a": 1.0}), T0)
     [first] = joiner.expire(T0 + GRACE)
@@ -244,7 +247,8 @@ def test_late_event_within_window_emits_a_revision() -> None:
     assert late["metrics"]["a"]["std"] == 1.0
     assert late["last_event_ns"] == T0 + 7
     assert late["emitted_ns"] == T0 + GRACE + 5 * S
-    third = only(joiner.add(ev(1, 1, {"b": 1.0}), T0 + GRACE + 6 * S))
+    assert joiner.add(ev(1, 1, {"b": 1.0}), T0 + GRACE + 6 * S) == JoinOutcome([])
+    [third] = joiner.expire(T0 + GRACE + 6 * S + LINGER)
     assert third["revision"] == 3
 
 
@@ -499,6 +503,177 @@ def test_settings_are_validated() -> None:
         JoinerSettings(grace_s=0)
     with pytest.raises(ValueError, match="late_window_s"):
         JoinerSettings(late_window_s=-1)
+
+
+# -- coalesced revisions ----------------------------------------------------------------
+
+KEY = "run|0|rollout|1"
+
+
+def released_by_grace(joiner: StepJoiner, world_size: int, on_time: int) -> StepSummary:
+    """Step 1 with ranks ``0..on_time-1`` released by grace at ``T0 + GRACE``."""
+    for rank in range(on_time):
+        joiner.add(ev(rank, 1, {"x": float(rank)}, world_size=world_size, seq=0), T0)
+    [first] = joiner.expire(T0 + GRACE)
+    assert (first["revision"], first["closed_by"]) == (1, "grace")
+    return first
+
+
+def test_a_burst_of_late_ranks_makes_one_revision_with_all_of_them() -> None:
+    groups: dict[str, Any] = {}
+    stages: dict[str, Any] = {}
+    joiner = make(groups, stages)
+    released_by_grace(joiner, world_size=256, on_time=50)
+    start = T0 + GRACE + S
+    for i, rank in enumerate(range(50, 250)):  # 200 late ranks within the linger; 6 never come
+        now = start + i * (LINGER // 200)
+        assert joiner.add(ev(rank, 1, {"x": float(rank)}, world_size=256), now) == JoinOutcome([])
+    assert groups[KEY]["pending_ns"] == start  # the first late event's arrival
+    assert stages["run|0|rollout"]["pending"] == [1]
+    assert joiner.expire(start + LINGER - 1) == []
+    [revision] = joiner.expire(start + LINGER)
+    assert (revision["revision"], revision["closed_by"]) == (2, "grace")
+    assert revision["ranks_reported"] == list(range(250))
+    assert revision["missing_ranks"] == list(range(250, 256))
+    assert revision["metrics"]["x"]["count"] == 250
+    assert revision["emitted_ns"] == start + LINGER
+    assert revision["summary_id"] == summary_id("run", 0, "rollout", 1, 2)
+    assert groups[KEY]["pending_ns"] is None
+    assert stages["run|0|rollout"]["pending"] == []
+    assert joiner.expire(start + 10 * LINGER) == []  # nothing pending: nothing more
+
+
+def test_a_late_rank_completing_the_step_emits_at_once_with_the_pending_ones() -> None:
+    stages: dict[str, Any] = {}
+    joiner = make(stages=stages)
+    released_by_grace(joiner, world_size=4, on_time=1)
+    assert joiner.add(ev(1, 1, {"x": 1.0}, world_size=4), T0 + GRACE + 1).summaries == []
+    assert joiner.add(ev(2, 1, {"x": 2.0}, world_size=4), T0 + GRACE + 2).summaries == []
+    revision = only(joiner.add(ev(3, 1, {"x": 3.0}, world_size=4), T0 + GRACE + 3))
+    assert (revision["revision"], revision["ranks_reported"]) == (2, [0, 1, 2, 3])
+    assert (revision["missing_ranks"], revision["emitted_ns"]) == ([], T0 + GRACE + 3)
+    assert stages["run|0|rollout"]["pending"] == []
+    assert joiner.expire(T0 + GRACE + 3 + LINGER) == []
+
+
+def test_more_events_for_a_complete_step_wait_for_the_linger() -> None:
+    """Only the event that makes the step complete skips the linger, once."""
+    joiner = make()
+    joiner.add(ev(0, 1, {"a": 1.0}), T0)
+    only(joiner.add(ev(1, 1, {"a": 1.0}), T0))  # complete
+    assert joiner.add(ev(0, 1, {"b": 1.0}), T0 + S).summaries == []
+    assert joiner.add(ev(1, 1, {"b": 3.0}), T0 + 2 * S).summaries == []
+    [revision] = joiner.expire(T0 + S + LINGER)
+    assert (revision["revision"], revision["metrics"]["b"]["sum"]) == (2, 4.0)
+
+
+def test_revisions_of_a_steady_trickle_are_a_linger_apart() -> None:
+    joiner = make()
+    released_by_grace(joiner, world_size=1024, on_time=1)
+    emitted: list[StepSummary] = []
+    start = T0 + GRACE
+    for tenth in range(1, 201):  # a late rank every 100 ms for 20 s, a tick every second
+        now = start + tenth * S // 10
+        assert joiner.add(ev(tenth, 1, world_size=1024), now).summaries == []
+        if tenth % 10 == 0:
+            emitted += joiner.expire(now)
+    assert [s["revision"] for s in emitted] == list(range(2, 2 + len(emitted)))
+    assert len(emitted) <= 20 * S // LINGER
+    gaps = [b["emitted_ns"] - a["emitted_ns"] for a, b in itertools.pairwise(emitted)]
+    assert min(gaps) >= LINGER
+    [last] = joiner.expire(start + 20 * S + LINGER)
+    assert last["ranks_reported"] == list(range(201))
+
+
+def test_run_end_emits_pending_revisions_before_closing_open_steps() -> None:
+    joiner = make()
+    released_by_grace(joiner, world_size=3, on_time=1)
+    joiner.add(ev(0, 2, world_size=3), T0 + GRACE)  # open
+    assert joiner.add(ev(1, 1, world_size=3), T0 + GRACE + 1).summaries == []
+    summaries = joiner.add(ev(0, 2, kind="run_end"), T0 + GRACE + 2).summaries
+    assert [(s["step"], s["revision"], s["closed_by"]) for s in summaries] == [
+        (1, 2, "grace"),
+        (2, 1, "run_end"),
+    ]
+    assert summaries[0]["ranks_reported"] == [0, 1]
+    assert joiner.expire(T0 + GRACE + 2 + LINGER) == []
+
+
+def test_a_group_leaving_at_the_end_of_its_window_emits_its_pending_revision() -> None:
+    groups: dict[str, Any] = {}
+    joiner = make(groups=groups)
+    released_by_grace(joiner, world_size=3, on_time=1)
+    released = T0 + GRACE
+    assert joiner.add(ev(1, 1, world_size=3), released + LATE - S).summaries == []
+    [revision] = joiner.expire(released + LATE)  # before the linger ran out
+    assert (revision["revision"], revision["ranks_reported"]) == (2, [0, 1])
+    assert groups == {}
+
+
+def test_duplicates_and_too_late_events_of_a_pending_step() -> None:
+    groups: dict[str, Any] = {}
+    joiner = make(groups=groups)
+    released_by_grace(joiner, world_size=3, on_time=1)
+    late = ev(1, 1, {"x": 1.0}, world_size=3)
+    assert joiner.add(late, T0 + GRACE + 1) == JoinOutcome([])
+    assert joiner.add(late, T0 + GRACE + 2) == JoinOutcome([], duplicate=True)
+    assert groups[KEY]["pending_ns"] == T0 + GRACE + 1
+    out = joiner.add(ev(2, 1, world_size=4), T0 + GRACE + 3)
+    assert out.rejected == "invalid: world_size 4 differs from the 3 of run|0|rollout|1"
+    [revision] = joiner.expire(T0 + GRACE + 1 + LINGER)
+    assert revision["ranks_reported"] == [0, 1]
+    assert joiner.add(late, T0 + GRACE + 1 + LINGER) == JoinOutcome([], duplicate=True)
+    assert joiner.expire(T0 + GRACE + 1 + 2 * LINGER) == []  # a duplicate marks nothing
+    out = joiner.add(ev(2, 1, world_size=3), T0 + GRACE + LATE)
+    assert out.rejected is not None
+    assert out.rejected.startswith("too_late:")
+    assert groups[KEY]["pending_ns"] is None
+
+
+def pending_scenario(joiner: StepJoiner) -> Iterator[list[StepSummary]]:
+    """Pending revisions made, emitted by expire, completion and run_end; yields summaries."""
+    later = T0 + 2 * GRACE
+    yield [released_by_grace(joiner, world_size=4, on_time=1)]
+    yield joiner.add(ev(0, 1, stage="critic", world_size=2, seq=1000), T0 + GRACE).summaries
+    yield joiner.expire(later)  # critic step 1 by grace
+    yield joiner.add(ev(1, 1, world_size=4, seq=1001), later).summaries  # pending
+    yield joiner.add(ev(1, 1, stage="critic", world_size=2, seq=1002), later).summaries  # complete
+    yield joiner.add(ev(2, 1, world_size=4, seq=1003), later + 1).summaries  # still pending
+    yield joiner.expire(later + LINGER)
+    yield joiner.add(ev(3, 1, world_size=4, seq=1004), later + LINGER + 1).summaries  # complete
+    yield joiner.add(ev(3, 1, {"y": 1.0}, world_size=4, seq=1005), later + LINGER + 2).summaries
+    yield joiner.add(ev(0, 1, kind="run_end", seq=1006), later + LINGER + 3).summaries
+    yield joiner.expire(T0 + 2 * LATE)  # deletes the groups
+    yield joiner.expire(T0 + 4 * LATE)  # deletes the drained stages
+
+
+def test_pending_revisions_survive_json_round_trips() -> None:
+    """faust persists only assignments: every change of a pending mark is written back."""
+    plain: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
+    tables = (JsonRoundTrip(), JsonRoundTrip(), JsonRoundTrip())
+    emitted: list[tuple[str, int, int, list[int]]] = []
+    for step, (expected, actual) in enumerate(
+        zip(pending_scenario(make(*plain)), pending_scenario(make(*tables)), strict=True)
+    ):
+        assert actual == expected, step
+        for mapping, table in zip(plain, tables, strict=True):
+            assert table.decoded() == json.loads(json.dumps(mapping)), step
+        emitted += [(s["stage"], s["step"], s["revision"], s["ranks_reported"]) for s in actual]
+    assert emitted == [
+        ("rollout", 1, 1, [0]),
+        ("critic", 1, 1, [0]),
+        ("critic", 1, 2, [0, 1]),
+        ("rollout", 1, 2, [0, 1, 2]),
+        ("rollout", 1, 3, [0, 1, 2, 3]),
+        ("rollout", 1, 4, [0, 1, 2, 3]),
+    ]
+    assert all(table == {} for table in tables)  # nothing left behind
+
+
+def test_settings_of_revisions_are_validated() -> None:
+    assert JoinerSettings().revision_linger_s == 2.0
+    with pytest.raises(ValueError, match="revision_linger_s"):
+        JoinerSettings(revision_linger_s=0)
 
 
 # -- property ---------------------------------------------------------------------------
