@@ -19,18 +19,21 @@ worker's state, its changelogs and a restarted worker's recovery all carry NaN.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer
 
+from rlpulse.local.broker import tail
 from rlpulse.producers import ControlClient, EventLogger
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
-from rlpulse.schemas.topics import Topics
-from tests.kafka import settings_at
+from rlpulse.schemas.topics import REASON_HEADER, Topics
+from tests.kafka import read_all, settings_at
 
 RANKS = 4
 STEPS = 60
@@ -107,6 +110,92 @@ class ScriptedRun:
         for logger in self.ranks:
             logger.close(timeout_s=10.0)
         self.control.close()
+
+
+class PacedRuns(threading.Thread):
+    """Logs ``steps`` of the given runs, one step of every run at a time, with a pause.
+
+    Each step is logged by every run, then flushed by every run (the broker has it).
+    ``gates``: steps it logs only once :meth:`open` was called for them (it waits up to
+    ``gate_timeout_s`` before each), so that a test can keep the runs from outpacing what it
+    does meanwhile. :attr:`step` is the last step every run has logged and the broker has;
+    :attr:`logged_ns` the wall-clock time each run's events of each step were logged (before
+    the flush), :attr:`held_s` how long each gate held the runs back. :meth:`stop` ends it at
+    the next step.
+    """
+
+    def __init__(
+        self,
+        runs: Iterable[ScriptedRun],
+        pause_s: float,
+        steps: Iterable[int],
+        gates: Iterable[int] = (),
+        gate_timeout_s: float = 180.0,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.runs = list(runs)
+        self.pause_s = pause_s
+        self.steps = list(steps)
+        self.error: BaseException | None = None
+        self.step = 0
+        self.logged_ns: dict[tuple[str, int], int] = {}
+        self.held_s: dict[int, float] = {}
+        self._gates = {step: threading.Event() for step in gates}
+        self._gate_timeout_s = gate_timeout_s
+        self._stopped = threading.Event()
+
+    def open(self, step: int) -> None:
+        """Let the runs go on to ``step`` (one of the gates)."""
+        self._gates[step].set()
+
+    def stop(self) -> None:
+        """End the thread before its next step (a failing test's clean-up)."""
+        self._stopped.set()
+        for gate in self._gates.values():
+            gate.set()
+
+    def run(self) -> None:
+        try:
+            for step in self.steps:
+                gate = self._gates.get(step)
+                if gate is not None:
+                    began = time.monotonic()
+                    if not gate.wait(self._gate_timeout_s):
+                        raise TimeoutError(f"the gate before step {step} was never opened")
+                    self.held_s[step] = time.monotonic() - began
+                if self._stopped.is_set():
+                    return
+                for run in self.runs:
+                    run.log_steps([step], flush=False)
+                    self.logged_ns[(run.run_id, step)] = time.time_ns()
+                for run in self.runs:  # a flush waits a sender's round: one for all the runs
+                    run.flush()
+                self.step = step
+                time.sleep(self.pause_s)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def by_run(values: list[bytes], decode: Callable[[bytes], Any]) -> dict[str, list[Any]]:
+    """Decoded records grouped by their ``run_id``, in the order read."""
+    grouped: dict[str, list[Any]] = {}
+    for record in map(decode, values):
+        grouped.setdefault(record["run_id"], []).append(record)
+    return grouped
+
+
+def dead_letters(bootstrap: str, topics: Topics) -> str:
+    """What the worker sent to the dead-letter topic, one reason a line."""
+    reasons = [
+        dict(message.headers() or []).get(REASON_HEADER, b"?").decode(errors="replace")
+        for message in read_all(bootstrap, topics.dlq, lambda _m: False, 3.0)
+    ]
+    return f"dead letters: {len(reasons)}" + "".join(f"\n  {reason}" for reason in reasons)
+
+
+def log_tails(logs: Iterable[Path], lines: int = 30) -> str:
+    """The last ``lines`` of each log, each under its name."""
+    return "\n".join(f"--- {log.name}\n{tail(log, lines)}" for log in logs)
 
 
 def consume_all(

@@ -15,25 +15,26 @@ applies each command exactly once (one ack per command id).
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rlpulse.local.broker import tail
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas import default_codec
-from rlpulse.schemas.topics import REASON_HEADER, Topics
+from rlpulse.schemas.topics import Topics
 from rlpulse.transport.topics import ensure_topics
 from tests.integration.scripted_run import (
     KL_GUARD_STEP,
     STEPS,
+    PacedRuns,
     ScriptedRun,
+    by_run,
     consume_all,
+    dead_letters,
+    log_tails,
     until_ids,
 )
 from tests.integration.test_pipeline import (
@@ -46,7 +47,7 @@ from tests.integration.worker_state import (
     kl_guard_streaks,
     wait_until_durable,
 )
-from tests.kafka import read_all, settings_at
+from tests.kafka import settings_at
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -68,26 +69,6 @@ def start_worker(bootstrap: str, topics: Topics, log: Path, partitions: int) -> 
     return worker.start()
 
 
-class PacedRuns(threading.Thread):
-    """Logs ``steps`` of the given runs, one step of every run at a time, with a pause."""
-
-    def __init__(self, runs: Iterable[ScriptedRun], pause_s: float, steps: Iterable[int]) -> None:
-        super().__init__(daemon=True)
-        self.runs = list(runs)
-        self.pause_s = pause_s
-        self.steps = list(steps)
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            for step in self.steps:
-                for run in self.runs:
-                    run.log_steps([step])
-                time.sleep(self.pause_s)
-        except BaseException as exc:  # reported by the test
-            self.error = exc
-
-
 def assert_runs_complete(
     bootstrap: str, topics: Topics, runs: list[ScriptedRun], logs: str
 ) -> None:
@@ -97,11 +78,11 @@ def assert_runs_complete(
     want = {run.run_id: EXPECTED_SUMMARIES for run in runs}
     until_summaries = until_ids(want, codec.decode_summary, "summary_id")
     until_acks = until_ids(dict.fromkeys(want, 2), codec.decode_ack, "command_id")
-    summaries = _by_run(
+    summaries = by_run(
         consume_all(bootstrap, topics.steps, until_summaries, 120.0), codec.decode_summary
     )
-    acks = _by_run(consume_all(bootstrap, topics.acks, until_acks, 30.0), codec.decode_ack)
-    on_topic = _by_run(
+    acks = by_run(consume_all(bootstrap, topics.acks, until_acks, 30.0), codec.decode_ack)
+    on_topic = by_run(
         consume_all(bootstrap, topics.control, lambda _v: False, 3.0), codec.decode_command
     )
     for run in runs:
@@ -110,29 +91,13 @@ def assert_runs_complete(
             assert_seed_commands(run)
         except AssertionError as exc:
             raise AssertionError(
-                f"{run.run_id}: {exc}\n{_dead_letters(bootstrap, topics)}\n{logs}"
+                f"{run.run_id}: {exc}\n{dead_letters(bootstrap, topics)}\n{logs}"
             ) from exc
         assert sorted((a["command_id"], a["status"]) for a in acks.get(run.run_id, [])) == sorted(
             (c["command_id"], "applied") for c in run.received
         ), f"{run.run_id}: acks {acks.get(run.run_id)}"
         commands = {c["command_id"] for c in on_topic.get(run.run_id, [])}
         assert commands == {c["command_id"] for c in run.received}
-
-
-def _dead_letters(bootstrap: str, topics: Topics) -> str:
-    """What the worker sent to the dead-letter topic, one reason a line."""
-    reasons = [
-        dict(message.headers() or []).get(REASON_HEADER, b"?").decode(errors="replace")
-        for message in read_all(bootstrap, topics.dlq, lambda _m: False, 3.0)
-    ]
-    return f"dead letters: {len(reasons)}" + "".join(f"\n  {reason}" for reason in reasons)
-
-
-def _by_run(values: list[bytes], decode: Callable[[bytes], Any]) -> dict[str, list[Any]]:
-    grouped: dict[str, list[Any]] = {}
-    for record in map(decode, values):
-        grouped.setdefault(record["run_id"], []).append(record)
-    return grouped
 
 
 def test_sigkill_mid_run_then_restart(kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
@@ -161,7 +126,7 @@ def test_sigkill_mid_run_then_restart(kafka_bootstrap: str, topics: Topics, tmp_
         assert pacer.error is None, pacer.error
         run.receive_commands(want=2, timeout_s=120.0)
         assert worker.alive(), tail(worker.log_file, 40)
-        assert_runs_complete(kafka_bootstrap, topics, [run], _tails(logs))
+        assert_runs_complete(kafka_bootstrap, topics, [run], log_tails(logs))
     finally:
         run.close()
         worker.stop()
@@ -210,7 +175,7 @@ def test_two_workers_one_killed_the_other_takes_over(kafka_bootstrap: str, tmp_p
         for run in runs:  # a command that comes twice would show up here
             run.receive_commands(want=0, timeout_s=0.0, settle_s=0.5)
         assert workers[1].alive(), tail(workers[1].log_file, 40)
-        assert_runs_complete(kafka_bootstrap, topics, runs, _tails(logs))
+        assert_runs_complete(kafka_bootstrap, topics, runs, log_tails(logs))
     finally:
         for run in runs:
             run.close()
@@ -229,7 +194,3 @@ def _wait_for_members(worker: WorkerProcess, want: int, timeout_s: float) -> Non
             return
         time.sleep(0.5)
     raise TimeoutError(f"group {worker.group_id} never had {want} members")
-
-
-def _tails(logs: list[Path]) -> str:
-    return "\n".join(f"--- {log.name}\n{tail(log, 30)}" for log in logs)

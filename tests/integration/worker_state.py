@@ -4,17 +4,22 @@ A worker's rule state is the changelog of its ``rule-state`` table, and what it 
 the events topic is its consumer group's committed offsets. A test that waits until both
 say "step S was evaluated and its events are committed" and then kills the worker knows the
 crash comes after S and before anything later: the restarted worker must go on from there.
+
+What a worker holds is in its output: after each rebalance it says which events partitions
+it holds (:func:`holding_lines`, :func:`held_partitions`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Any
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 
+from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas.topics import Topics
 from rlpulse.streams.keys import run_key
 from rlpulse.transport.clients import new_admin
@@ -118,3 +123,20 @@ def kl_guard_streaks(bootstrap: str, group: str, run_ids: list[str]) -> dict[str
         )
         for run_id in run_ids
     }
+
+
+def holding_lines(worker: WorkerProcess) -> list[str]:
+    """The lines ``worker`` said about the events partitions it holds, oldest first."""
+    return [line for line in worker.log_text().splitlines() if line.startswith("holding ")]
+
+
+def last_holding(worker: WorkerProcess) -> str:
+    """The last of :func:`holding_lines` ("" before the first)."""
+    lines = holding_lines(worker)
+    return lines[-1] if lines else ""
+
+
+def held_partitions(line: str) -> set[int]:
+    """The partitions a holding line names (none for a worker that holds none)."""
+    found = re.match(r"holding events partitions? ([\d, ]+) of ", line)
+    return {int(p) for p in found.group(1).split(", ")} if found else set()

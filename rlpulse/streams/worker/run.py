@@ -11,9 +11,10 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
@@ -24,14 +25,22 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.streams.rulebook import rule_book
 from rlpulse.streams.worker.app import WorkerApp
+from rlpulse.streams.worker.holdings import PartitionHoldings
 from rlpulse.streams.worker.metrics import GcPauseTimer
+from rlpulse.streams.worker.steady_consumer import SteadyConsumer
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
 from rlpulse.transport.replication import Replication, fix_commands, under_replicated
 from rlpulse.transport.topics import create_missing, ensure_topics
 
-__all__ = ["BoundedStopWorker", "run_worker", "start_up", "warn_under_replicated"]
+__all__ = [
+    "BoundedStopWorker",
+    "run_worker",
+    "say_while_running",
+    "start_up",
+    "warn_under_replicated",
+]
 
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
@@ -54,6 +63,19 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
     book, follow = rule_book(settings)
     registry = CollectorRegistry()
     worker_app = WorkerApp(settings, book, registry=registry, replication=replication)
+    faust_app: Any = worker_app.app
+
+    def group_members() -> Awaitable[int | None]:  # the consumer exists once faust runs
+        consumer: SteadyConsumer = faust_app.consumer
+        return consumer.group_members()
+
+    PartitionHoldings(
+        topics.events,
+        settings.worker.partitions,
+        settings.worker_group,
+        say_while_running,
+        group_members,
+    ).attach(faust_app)
     retry_until(
         deadline,
         lambda: create_missing(
@@ -71,6 +93,18 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
         start_http_server(port, addr=settings.worker.metrics_host, registry=registry)
         say(f"metrics on http://{settings.worker.metrics_host}:{port}/metrics")
     return worker_app
+
+
+def say_while_running(message: str) -> None:
+    """Write one line to the process's stderr, as the start-up lines are, once faust runs.
+
+    A running faust worker replaces ``sys.stderr`` with a proxy that logs what is written to
+    it as a WARNING, and the command line's ``say`` wraps at the terminal's width (80 columns
+    in a file): a line said while the worker runs goes to the real stderr, whole.
+    """
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(f"{message}\n")
+    stream.flush()
 
 
 def warn_under_replicated(

@@ -25,6 +25,11 @@ session timeout). :class:`SteadyTransport` asks the known brokers in turn (aioka
 ``fetch_all_metadata``) and retries a creation that met an unreachable broker, on fresh
 metadata, for up to :data:`CREATE_TOPIC_RETRY_S`.
 
+It also answers one question faust does not: how many members the consumer group has
+(:meth:`SteadyConsumer.group_members`, one DescribeGroups request on the consumer's own
+connection), for the line a worker prints after each rebalance
+(:mod:`rlpulse.streams.worker.holdings`).
+
 Everything else — offsets, commits, acks, rebalances — is faust's own.
 :func:`use_steady_consumer` installs it on an app before its consumer is created.
 """
@@ -43,6 +48,7 @@ from aiokafka.errors import (
     NodeNotReadyError,
     RequestTimedOutError,
 )
+from aiokafka.protocol.admin import DescribeGroupsRequest
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -84,6 +90,24 @@ class _FetchWaitThread(faust_aiokafka.AIOKafkaConsumerThread):
             return
         super().verify_event_path(now, tp)
 
+    async def group_members(self) -> int | None:
+        """The members of the consumer's group, from its coordinator (run in this thread).
+
+        None while the coordinator is unknown, or when it answers with an error.
+        """
+        consumer: Any = self._ensure_consumer()
+        coordinator_id = getattr(consumer._coordinator, "coordinator_id", None)
+        if coordinator_id is None:
+            return None
+        group: str = self.consumer.app.conf.id
+        response: Any = await consumer._client.send(
+            coordinator_id, DescribeGroupsRequest(groups=[group])
+        )
+        for error_code, name, _state, _protocol_type, _protocol, members, *_ in response.groups:
+            if name == group:
+                return None if error_code else len(members)
+        return None
+
 
 class SteadyConsumer(faust_aiokafka.Consumer):
     """faust's aiokafka consumer with a short fetch wait, and optionally no switch-off."""
@@ -95,6 +119,16 @@ class SteadyConsumer(faust_aiokafka.Consumer):
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _FetchWaitThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def group_members(self) -> int | None:
+        """How many members the worker's consumer group has now (None: unknown).
+
+        One DescribeGroups request to the group's coordinator, asked by the consumer's thread
+        on its own connection: no client of its own.
+        """
+        thread: Any = self._thread
+        members: int | None = await thread.call_thread(thread.group_members)
+        return members
 
     def on_buffer_full(self, tp: TP) -> None:
         """Switch ``tp`` off (faust), or keep fetching it: a full buffer blocks the fetcher."""
