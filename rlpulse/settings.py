@@ -192,11 +192,19 @@ class ProducerSettings(_Section):
     )
     spool_dir: Path | None = Field(
         default=None,
-        description="Root of the write-ahead logs (one per run and producer); unset: <home>/spool.",
+        description=(
+            "Root of the write-ahead logs (per run, host and producer); unset: <home>/spool, "
+            "or /var/tmp/rlpulse-<user>/spool when <home> is on a shared filesystem."
+        ),
     )
     hostname: str | None = Field(
         default=None,
         description="The host name events and log records carry; unset: the machine's.",
+    )
+    adopt_interval_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How often a logger looks again for dead producers' logs of its run here.",
     )
     spool_file_bytes: int = Field(
         default=8 * MIB,
@@ -238,6 +246,11 @@ class JoinerSettings(_Section):
     grace_s: float = Field(default=30.0, gt=0, description="Wall-clock wait for missing ranks.")
     late_window_s: float = Field(
         default=600.0, ge=0, description="How long closed steps take late ranks (revisions)."
+    )
+    revision_linger_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Wait from a closed step's first late event to its revision (one for all).",
     )
     straggler_window: int = Field(
         default=10, ge=1, description="Complete steps of a stage that straggler tracking sees."
@@ -1048,7 +1061,11 @@ class Settings(BaseSettings):
 
     @property
     def spool_root(self) -> Path:
-        """Where trainers keep their write-ahead logs (one folder per run, one per producer)."""
+        """Where trainers keep their write-ahead logs, as configured.
+
+        This is before the shared-filesystem check of
+        :func:`rlpulse.producers.spool_root.resolve_spool_root`.
+        """
         return self.producer.spool_dir or self.home / "spool"
 
     @property

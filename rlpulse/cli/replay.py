@@ -9,6 +9,7 @@ import typer
 
 from rlpulse.cli.common import Bootstrap, ConfigFile, err, in_force, one_line_errors, out, settings
 from rlpulse.producers.replay import replay_logs
+from rlpulse.producers.spool_root import resolve_spool_root
 from rlpulse.transport.bootstrap import bootstrap_servers
 
 
@@ -39,7 +40,7 @@ def replay(
     record was sent (or there was none), 1 when some were not.
     """
     chosen = settings(config, {"bootstrap": bootstrap})
-    root = directory or chosen.spool_root
+    root = directory or resolve_spool_root(chosen).path
     if not root.exists():
         err.print(f"{root} does not exist: nothing to replay", highlight=False, soft_wrap=True)
         raise typer.Exit(1)

@@ -19,12 +19,14 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from functools import cache, partial
+from pathlib import Path
 from types import TracebackType
 from typing import get_args
 
 from confluent_kafka import Consumer
 
 from rlpulse.oncelog import WarnOnce
+from rlpulse.producers.adoption import claim_dead_logs
 from rlpulse.producers.arguments import (
     LONG_MAX,
     LONG_MIN,
@@ -44,6 +46,7 @@ from rlpulse.producers.log_wire import LogEncoder, LogSource
 from rlpulse.producers.rankfiles import RankFileSink
 from rlpulse.producers.sender import WalSender
 from rlpulse.producers.shipper import HANDOVER_MAX, ShipperCounts
+from rlpulse.producers.spool_root import SpoolRoot, resolve_spool_root
 from rlpulse.producers.wal import EVENT, LOG, Frame, LogMeta, WalWriter, run_wal_dir
 from rlpulse.producers.wire import EventEncoder, EventSource, RefusedEvent
 from rlpulse.schemas.codec import default_codec
@@ -87,9 +90,14 @@ class EventLogger:
     copy into a memory-mapped file, no system call), so it is in the operating system's
     hands before the call returns and survives a SIGKILL of the process; the sender thread
     (:mod:`rlpulse.producers.sender`) sends it — events one per message, log records in
-    batches — and, while the broker is out of reach, sends it later from the log. What a
-    dead process left is sent by the next process of the run on the host, or by ``rlpulse
-    replay``. ``close()``, also run at interpreter exit, waits a bounded time for delivery.
+    batches — and, while the broker is out of reach, sends it later from the log.
+
+    What a dead process of the run left on this host (SIGKILLed, OOM-killed, or closed before
+    Kafka took everything) is sent by the next logger of the run on the host: from its start,
+    on a thread of its own, whether or not it ever logs, it claims those logs (and looks again
+    every ``producer.adopt_interval_s``), and its sender thread sends them; ``close()`` waits
+    for them too. ``rlpulse replay`` sends what no process of the run comes back for.
+    ``close()``, also run at interpreter exit, waits a bounded time for delivery.
     Transport trouble never raises: it shows in the counters and in ``logging``.
     ``producer_id`` (fixed per logger) and ``seq`` (0, 1, 2, ...) identify each record, and
     every record reaches its topic once.
@@ -128,10 +136,10 @@ class EventLogger:
                 f"run {self.run_id!r}: the worker would refuse every event of this logger: "
                 f"{problem}"
             )
-        self.spool_dir = run_wal_dir(self.settings, self.run_id)
-        """The run's directory of write-ahead logs (one per producer) on this host."""
-        self.wal_dir = self.spool_dir / self.producer_id
-        """This logger's write-ahead log."""
+        self._spool_root: SpoolRoot | None = None
+        self.adopted_left = 0
+        """After :meth:`close`: records of dead producers' logs it was sending that Kafka had
+        not acknowledged (they stay in their logs)."""
         self.refused: dict[str, int] = {}
         """Events ``log()`` refused because the worker would dead-letter them, per reason code."""
         self.last_step = 0
@@ -180,6 +188,50 @@ class EventLogger:
         self._read_back_diagnostics: ClientDiagnostics | None = None
         self._closed = False
         self._seq = 0
+        self._replayed = 0
+        self._adopt_stop = threading.Event()
+        self._adopter = threading.Thread(
+            target=_adopt_dead_logs,
+            args=(weakref.ref(self), self._adopt_stop, self.settings.producer.adopt_interval_s),
+            name=f"rlpulse-adopt-{self.run_id}",
+            daemon=True,
+        )
+        self._adopter.start()
+
+    @property
+    def spool_dir(self) -> Path:
+        """The run's directory of write-ahead logs (one per producer) on this host."""
+        return run_wal_dir(self._spool().path, self.run_id, self.hostname)
+
+    @property
+    def wal_dir(self) -> Path:
+        """The write-ahead log of this logger."""
+        return self.spool_dir / self.producer_id
+
+    def _spool(self) -> SpoolRoot:
+        """Where the write-ahead logs live (looked up once: a read of the mount table)."""
+        with self._lock:
+            if self._spool_root is None:
+                root = self._spool_root = resolve_spool_root(self.settings)
+                if root.note is not None:
+                    explicit = self.settings.producer.spool_dir is not None
+                    log.log(logging.WARNING if explicit else logging.INFO, "%s", root.note)
+            return self._spool_root
+
+    def _adopt_once(self) -> None:
+        """Claim the logs dead producers of the run left on this host; hand them to the sender."""
+        sender = self._sender
+        skip = {self.wal_dir, *(() if sender is None else sender.adopted)}
+        for dead in claim_dead_logs(self.spool_dir, self.hostname, skip):
+            with self._lock:
+                if self._closed:  # close() no longer waits for this look
+                    dead.claim.release()
+                    continue
+                if self._sender is None:
+                    self._start()
+                sender = self._sender
+            assert sender is not None
+            sender.adopt(dead)
 
     @property
     def closed(self) -> bool:
@@ -205,7 +257,7 @@ class EventLogger:
     def replayed(self) -> int:
         """Records of dead producers of the same run on this host that this logger sent."""
         sender = self._sender
-        return 0 if sender is None else sender.replayed
+        return self._replayed if sender is None else sender.replayed
 
     @property
     def dropped(self) -> int:
@@ -521,11 +573,18 @@ class EventLogger:
     def close(self, timeout_s: float | None = None) -> int:
         """Send for up to ``timeout_s`` (default ``producer.close_timeout_s``), then stop.
 
-        Returns how many records Kafka had not acknowledged by then. They stay in the
-        write-ahead log, sent by the next process of this run on this host or by ``rlpulse
-        replay``; a log that was delivered whole is deleted. Calling it again does nothing and
-        returns 0.
+        Waits for this logger's records and for the dead producers' logs it adopted (its look
+        at start included). Returns how many of this logger's records Kafka had not
+        acknowledged by then; :attr:`adopted_left` says the same of the adopted logs. They
+        stay in their write-ahead logs, sent by the next process of this run on this host or
+        by ``rlpulse replay``; a log that was delivered whole is deleted. Calling it again does
+        nothing and returns 0.
         """
+        close_s = self.settings.producer.close_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + close_s
+        self._adopt_stop.set()
+        if self._adopter is not threading.current_thread():
+            self._adopter.join(close_s)  # the look under way hands its logs over first
         with self._lock:
             if self._closed:
                 return 0
@@ -537,8 +596,9 @@ class EventLogger:
             return 0
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
-        close_s = self.settings.producer.close_timeout_s if timeout_s is None else timeout_s
-        left = sender.close(close_s)
+        left = sender.close(max(0.0, deadline - time.monotonic()))
+        self._replayed = sender.replayed
+        kept = sender.adopted_left
         if left:
             log.warning(
                 "run %s: %d record(s) were still undelivered at close(); they wait in %s, sent "
@@ -548,6 +608,19 @@ class EventLogger:
                 self.wal_dir,
                 self.spool_dir,
             )
+        if kept:
+            log.warning(
+                "run %s: %d record(s) of %d dead producer(s)' log(s) this process was sending "
+                "were still undelivered at close() (%s); they wait in %s for the next process "
+                "of this run on this host, or `rlpulse replay %s`",
+                self.run_id,
+                sum(records for _path, records, _why in kept),
+                len(kept),
+                "; ".join(sorted({why for _path, _records, why in kept if why})) or "time",
+                ", ".join(str(path) for path, _records, _why in kept),
+                self.spool_dir,
+            )
+        self.adopted_left = sum(records for _path, records, _why in kept)
         return left
 
     def __enter__(self) -> EventLogger:
@@ -567,7 +640,7 @@ class EventLogger:
         producer_settings = self.settings.producer
         meta = LogMeta(
             self.wal_dir, self.run_id, self.producer_id, self._topic, self._logs_topic,
-            time.time_ns(),
+            time.time_ns(), self.hostname,
         )  # fmt: skip
         self._writer = WalWriter(
             meta,
@@ -598,6 +671,24 @@ class EventLogger:
         if self._read_back_diagnostics is None:
             self._read_back_diagnostics = ClientDiagnostics(client, self.settings)
         return new_consumer(self.settings, group, client, diagnostics=self._read_back_diagnostics)
+
+
+def _adopt_dead_logs(ref: weakref.ref[EventLogger], stop: threading.Event, every_s: float) -> None:
+    """The logger's adoption thread: a look at start, then every ``every_s`` until closed.
+
+    It holds the logger only while it looks, so a logger the program drops still goes.
+    """
+    while True:
+        logger = ref()
+        if logger is None or logger.closed:
+            return
+        try:
+            logger._adopt_once()
+        except Exception:  # a look that failed must not end the next ones
+            log.exception("run %s: looking for dead producers' logs failed", logger.run_id)
+        del logger
+        if stop.wait(every_s):
+            return
 
 
 def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:

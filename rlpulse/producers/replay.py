@@ -1,10 +1,10 @@
 """Sending what dead producers left: ``rlpulse replay DIR`` over their write-ahead logs.
 
 A trainer's own next process on the host sends what a dead process of its run left, by
-itself (:mod:`rlpulse.producers.sender`); ``rlpulse replay`` does it for a run that does not
-come back. Each log is sent by a :class:`~rlpulse.producers.shipper.LogShipper`, which reads
-back what its topics already hold of the producer and sends only the rest, with the
-producer's own ids: every record reaches its topic once, however often a replay runs.
+itself (:mod:`rlpulse.producers.adoption`); ``rlpulse replay`` does it for a run that does not
+come back, with the same :class:`~rlpulse.producers.adoption.DeadLogs`: each log reads back
+what its topics already hold of the producer and sends only the rest, with the producer's own
+ids, so every record reaches its topic once, however often a replay runs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from rlpulse.producers.shipper import LogShipper
+from rlpulse.producers.adoption import DeadLog, DeadLogs
 from rlpulse.producers.wal import LogMeta, WalClaim, logs_under, unsent_frames
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
@@ -81,7 +81,7 @@ def replay_logs(
     live process are skipped.
     """
     report = ReplayReport()
-    shippers: list[LogShipper] = []
+    dead = DeadLogs(lambda: _consumer(settings), settings.logging.batch_max_bytes, "rlpulse replay")
     diagnostics = ClientDiagnostics("rlpulse replay", settings, quiet=True)
     producer = None
     for directory in logs_under(Path(root)):
@@ -106,35 +106,19 @@ def replay_logs(
             report.kept.append(KeptLog(directory, unsent_frames(directory), problem))
             claim.release()
             continue
-        shippers.append(
-            LogShipper(
-                meta,
-                lambda: _consumer(settings),
-                batch_max_bytes=settings.logging.batch_max_bytes,
-                claim=claim,
-            )
-        )
+        dead.add(DeadLog(meta, claim))
     deadline = time.monotonic() + timeout_s
-    while producer is not None and time.monotonic() < deadline:
+    while producer is not None and not dead.idle and time.monotonic() < deadline:
         producer.poll(_POLL_S)
-        for shipper in shippers:
-            shipper.step(producer)
-        if all(shipper.delivered_all for shipper in shippers):
-            break
+        dead.step(producer)
     if producer is not None:
         producer.purge()
         producer.poll(0)
-    for shipper in shippers:
-        shipper.settle()
-        whole = shipper.delivered_all
-        report.delivered += shipper.counts.resent
-        report.found += shipper.counts.found
-        if whole:
-            report.logs += 1
-        else:
-            cause = shipper.last_error or f"not confirmed within {timeout_s:g} s"
-            report.kept.append(KeptLog(shipper.directory, unsent_frames(shipper.directory), cause))
-        shipper.close(delete=whole)
+    for path, records, cause in dead.close():
+        report.kept.append(KeptLog(path, records, cause or f"not confirmed within {timeout_s:g} s"))
+    report.logs = dead.sent_logs
+    report.delivered = dead.counts.resent + dead.counts.delivered
+    report.found = dead.counts.found
     return report
 
 

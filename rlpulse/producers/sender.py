@@ -8,11 +8,11 @@ It wakes for an event at once (the control loop waits for those), every
 quiet spell; each time it serves the producer's delivery reports and lets each log's
 :class:`~rlpulse.producers.shipper.LogShipper` send what is new.
 
-It also adopts the logs that dead producers of the same run left on this host — a process
-SIGKILLed, OOM-killed, or closed before the broker took everything — at start and every
-``ORPHAN_SCAN_S``: it takes the log's claim (``flock``, which the kernel drops when the
-process that held it dies), sends the rest with that producer's own ids after reading back
-what already arrived, and deletes the log.
+It also sends the logs that dead producers of the same run on this host left, which the
+logger's adoption thread claims and hands over (:meth:`WalSender.adopt`,
+:mod:`rlpulse.producers.adoption`): with their producers' own ids, after reading back what
+already arrived; each is deleted once delivered whole. :meth:`WalSender.close` waits for
+them too.
 
 The Kafka producer is used by this thread only.
 """
@@ -30,8 +30,9 @@ from typing import Final
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from rlpulse.oncelog import WarnOnce
+from rlpulse.producers.adoption import DeadLog, DeadLogs
 from rlpulse.producers.shipper import LogShipper, ShipperCounts
-from rlpulse.producers.wal import Frame, LogMeta, WalClaim, WalWriter, logs_under
+from rlpulse.producers.wal import Frame, WalWriter
 from rlpulse.transport.topics import missing_topic, topic_exists
 
 __all__ = ["WalSender"]
@@ -40,8 +41,6 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_S: Final = 1.0
 """Longest sleep while nothing is appended or in flight (an append wakes the thread)."""
-ORPHAN_SCAN_S: Final = 30.0
-"""How often the thread looks for logs that dead producers of the run left."""
 _JOIN_MARGIN_S: Final = 3.0
 
 
@@ -49,7 +48,7 @@ class WalSender:
     """Sends one logger's write-ahead log (and dead producers' of its run) from its thread.
 
     ``new_consumer`` makes the consumer a read-back uses. Counts of the logger's own records
-    are in :attr:`counts`; ``counts.replayed``-like figures of adopted logs in :attr:`replayed`.
+    are in :attr:`counts`; of adopted logs' records, :attr:`replayed`.
     """
 
     def __init__(
@@ -75,12 +74,13 @@ class WalSender:
         self._own = LogShipper(
             writer.meta, new_consumer, batch_max_bytes=batch_max_bytes, writer=writer
         )
-        self._adopted: dict[Path, LogShipper] = {}
+        self._dead = DeadLogs(new_consumer, batch_max_bytes, label)
+        self._handed_dead: deque[DeadLog] = deque()
+        self._dead_left: list[tuple[Path, int, str | None]] = []
         self._wake = threading.Event()
         self._progress = threading.Condition()
         self._stopping = threading.Event()
         self._deadline: float | None = None
-        self._next_scan = 0.0
         self._warn = WarnOnce(log)
         self._thread = threading.Thread(target=self._run, name=f"rlpulse-{label}", daemon=True)
         self._thread.start()
@@ -102,10 +102,25 @@ class WalSender:
         self.sleeping = False
         self._wake.set()
 
+    def adopt(self, dead: DeadLog) -> None:
+        """Send a dead producer's log this process claimed (any thread); :meth:`close` waits."""
+        self._handed_dead.append(dead)
+        self.wake()
+
+    @property
+    def adopted(self) -> set[Path]:
+        """The dead producers' logs handed over and not yet delivered whole."""
+        return {dead.meta.directory for dead in self._handed_dead} | self._dead.directories
+
     @property
     def pending(self) -> int:
         """The logger's frames Kafka has not acknowledged yet."""
         return self.writer.frames - self._own.acked_frames
+
+    @property
+    def adopted_left(self) -> list[tuple[Path, int, str | None]]:
+        """After :meth:`close`: each adopted log it kept, its records left and why (or None)."""
+        return list(self._dead_left)
 
     def wait_delivered(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` until every frame appended so far arrived.
@@ -125,10 +140,11 @@ class WalSender:
         return max(target - self._own.acked_frames, 0)
 
     def close(self, timeout_s: float) -> int:
-        """Send for up to ``timeout_s`` more, stop the thread; return the frames left unsent.
+        """Send for up to ``timeout_s`` more, stop the thread; return the own frames left.
 
-        They stay in the write-ahead log for the next process of the run on this host or
-        ``rlpulse replay``; a log delivered whole is deleted.
+        Adopted logs are sent within the same time (what is left of them:
+        :attr:`adopted_left`). What was not sent stays in its write-ahead log for the next
+        process of the run on this host or ``rlpulse replay``; a log delivered whole is deleted.
         """
         self._deadline = time.monotonic() + timeout_s
         self.wake()
@@ -153,39 +169,27 @@ class WalSender:
     def _tick(self) -> bool:
         """One look: serve reports, let every log send; True when closing is done."""
         self.sleeping = True  # before the look: an append after it wakes the thread
-        if self._own.idle and not self._adopted and self._deadline is None:
+        dead = self._dead
+        if self._own.idle and dead.idle and not self._handed_dead and self._deadline is None:
             self._wake.wait(IDLE_WAIT_S)
         else:
             self._wake.wait(self._linger_s)
         self._wake.clear()
         self.sleeping = False
         self.producer.poll(0)
-        now = time.monotonic()
-        if now >= self._next_scan and self._deadline is None:
-            self._next_scan = now + ORPHAN_SCAN_S
-            self._adopt()
         was_failing = self._own.failing
         if self._own.step(self.producer):
             with self._progress:
                 self._progress.notify_all()
         self._say_how_it_goes(was_failing)
-        for directory, shipper in list(self._adopted.items()):
-            before = shipper.acked_frames
-            shipper.step(self.producer)
-            self.replayed += shipper.acked_frames - before
-            if shipper.delivered_all:
-                shipper.close(delete=True)
-                del self._adopted[directory]
-                log.info(
-                    "%s: sent what dead producer %s left (%d record(s); %d were there already)",
-                    self._label,
-                    shipper.meta.producer_id,
-                    shipper.counts.resent,
-                    shipper.counts.found,
-                )
+        while self._handed_dead:
+            dead.add(self._handed_dead.popleft())
+        if not dead.idle:
+            self.replayed += dead.step(self.producer)
         if self._deadline is None:
             return False
-        return self._own.delivered_all or time.monotonic() >= self._deadline
+        finished = self._own.delivered_all and dead.idle and not self._handed_dead
+        return finished or time.monotonic() >= self._deadline
 
     def _say_how_it_goes(self, was_failing: bool) -> None:
         """One warning when the own log's delivery fails, one line when it goes again."""
@@ -208,22 +212,6 @@ class WalSender:
         elif was_failing and not own.failing:
             log.info("%s: Kafka takes records again; sending what waited", self._label)
 
-    def _adopt(self) -> None:
-        """Claim the logs of this run's dead producers on this host; they are sent from now."""
-        for directory in logs_under(self.writer.directory.parent):
-            if directory == self.writer.directory or directory in self._adopted:
-                continue
-            meta = LogMeta.read(directory)
-            if meta is None:
-                continue
-            claim = WalClaim.take(directory)
-            if claim is None:
-                continue
-            log.info("%s: sending what dead producer %s left", self._label, meta.producer_id)
-            self._adopted[directory] = LogShipper(
-                meta, self._new_consumer, batch_max_bytes=self._batch_max_bytes, claim=claim
-            )
-
     def _finish(self) -> None:
         """Leave: purge what is queued, keep what was not delivered, delete what was."""
         self.producer.purge()
@@ -235,8 +223,8 @@ class WalSender:
         own.close(delete=False)
         if self.writer.claim is not None:
             self.writer.claim.release(delete=delivered)
-        for shipper in self._adopted.values():
-            shipper.close(delete=False)
-        self._adopted.clear()
+        while self._handed_dead:
+            self._dead.add(self._handed_dead.popleft())
+        self._dead_left = self._dead.close()
         with self._progress:
             self._progress.notify_all()

@@ -8,13 +8,14 @@ segment is in the operating system's page cache, so it survives the process bein
 by the next process of the same run on the host, or by ``rlpulse replay``
 (:mod:`rlpulse.producers.sender`, :mod:`rlpulse.producers.replay`).
 
-Layout, one directory per producer under its run's directory (:func:`run_wal_dir`)::
+Layout, one directory per producer under its run's directory of its host
+(:func:`run_wal_dir`; the root is :func:`rlpulse.producers.spool_root.resolve_spool_root`'s)::
 
-    <spool root>/<run>/<producer_id>/lock        flock(2)-ed by the process that writes
+    <spool root>/<run>/<host>/<producer_id>/lock flock(2)-ed by the process that writes
                                                  or sends this log (the kernel drops it
                                                  when that process dies)
-                                     meta.json   the run, the producer, the two topics,
-                                                 when the log was made
+                                     meta.json   the run, the producer, the host that
+                                                 writes it, the two topics, when it was made
                                      source      the bytes every LogBatch of the producer
                                                  starts with (its shared fields)
                                      acked       what Kafka holds: the position up to which
@@ -50,8 +51,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final, NamedTuple
 
-from rlpulse.settings import Settings
-
 __all__ = [
     "EVENT",
     "LOG",
@@ -62,6 +61,7 @@ __all__ = [
     "WalClaim",
     "WalReader",
     "WalWriter",
+    "logs_in",
     "logs_under",
     "position",
     "read_source",
@@ -88,14 +88,19 @@ _OFFSET_MASK: Final = (1 << _OFFSET_BITS) - 1
 _NOT_PATH_CHARS: Final = re.compile(r"[^A-Za-z0-9._-]")
 
 
-def run_wal_dir(settings: Settings, run_id: str) -> Path:
-    """The directory of ``run_id``'s write-ahead logs on this host (one per producer).
+def run_wal_dir(root: Path, run_id: str, host: str) -> Path:
+    """The directory of ``run_id``'s write-ahead logs written on ``host`` (one per producer).
 
-    Characters other than letters, digits, ``.``, ``_`` and ``-`` in the run id become
-    ``_``, so any run id is one safe directory name under ``settings.spool_root``.
+    A host's logs have a directory of their own, so that on a spool that several hosts share
+    no process looks at (or locks) another host's logs. Characters other than letters,
+    digits, ``.``, ``_`` and ``-`` in the run id and the host become ``_``: each is one safe
+    directory name.
     """
-    name = _NOT_PATH_CHARS.sub("_", run_id).lstrip(".") or "_"
-    return settings.spool_root / name
+    return root / _path_name(run_id) / _path_name(host)
+
+
+def _path_name(text: str) -> str:
+    return _NOT_PATH_CHARS.sub("_", text).lstrip(".") or "_"
 
 
 def position(segment: int, offset: int) -> int:
@@ -144,13 +149,16 @@ class LogMeta:
     events_topic: str
     logs_topic: str
     created_ns: int
+    host: str | None = None
+    """The host whose process wrote the log (None: a log of an earlier release)."""
 
     def write(self) -> None:
         """Write ``meta.json`` into the log's directory (atomically)."""
         document = {
-            "v": 1,
+            "v": 2,
             "run_id": self.run_id,
             "producer_id": self.producer_id,
+            "host": self.host,
             "events_topic": self.events_topic,
             "logs_topic": self.logs_topic,
             "created_ns": self.created_ns,
@@ -172,6 +180,7 @@ class LogMeta:
                 str(document["events_topic"]),
                 str(document["logs_topic"]),
                 int(document["created_ns"]),
+                None if document.get("host") is None else str(document["host"]),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -214,7 +223,8 @@ class WalClaim:
             with contextlib.suppress(OSError):
                 os.unlink(self.directory / LOCK_NAME)
                 self.directory.rmdir()
-                self.directory.parent.rmdir()  # the run's directory, once its last log went
+                self.directory.parent.rmdir()  # the host's, then the run's, once empty
+                self.directory.parent.parent.rmdir()
         self._handle.close()  # closing the descriptor drops the flock
         self._handle = None
 
@@ -244,6 +254,19 @@ def logs_under(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted({path.parent for path in root.rglob(f"*{SEGMENT_SUFFIX}") if path.is_file()})
+
+
+def logs_in(directory: Path) -> list[Path]:
+    """The producer logs directly in ``directory`` (a run's directory of one host), sorted.
+
+    A directory listing and one per log: what looking for dead producers of a run costs on a
+    host. Only logs with a segment count (see :func:`logs_under`).
+    """
+    try:
+        entries = [entry for entry in os.scandir(directory) if entry.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(Path(entry.path) for entry in entries if segments(Path(entry.path)))
 
 
 def read_source(directory: Path) -> bytes | None:
