@@ -291,6 +291,14 @@ class WorkerSettings(JoinerSettings):
         ge=1,
         description="Ticks without delivery on a partition with unread events before re-seeking.",
     )
+    state_max_bytes: int = Field(
+        default=16 * MIB,
+        ge=MIB,
+        description=(
+            "Largest state record the worker writes (a stage's unreleased steps, every rank's "
+            "metrics: ~36 bytes a rank and metric); its changelogs' max.message.bytes."
+        ),
+    )
     batch_max: int = Field(default=2000, ge=1, description="Most messages an agent takes at once.")
     buffer_max: int = Field(
         default=4096,

@@ -13,7 +13,8 @@ anything not granted is denied.
   consumer groups.
 - ``worker``: reads events, rules and its grace-timer ticks; writes summaries, commands,
   dead letters and ticks; owns faust's internal topics (changelogs, the assignor's leader
-  topic, all named ``<group>-...``) and its consumer group; creates rlpulse's topics at
+  topic, all named ``<group>-...``; it may raise their ``max.message.bytes`` to
+  ``worker.state_max_bytes``) and its consumer group; creates rlpulse's topics at
   start-up, so it may see and create every topic under the prefix (it reads none it was
   not granted).
 - ``operator``: writes commands and rules; reads acks and summaries.
@@ -52,7 +53,7 @@ Role = Literal["trainer", "worker", "operator", "reader", "archiver"]
 ROLES: tuple[str, ...] = get_args(Role)
 Resource = Literal["topic", "group"]
 Pattern = Literal["literal", "prefixed"]
-Operation = Literal["READ", "WRITE", "CREATE", "DESCRIBE"]
+Operation = Literal["READ", "WRITE", "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"]
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,15 @@ def role_grants(
             _topic(topics.steps, "WRITE"),
             _topic(topics.control, "WRITE"),
             _topic(topics.dlq, "WRITE"),
-            _topic(f"{worker_group}-", "READ", "WRITE", "CREATE", prefixed=True),
+            _topic(
+                f"{worker_group}-",
+                "READ",
+                "WRITE",
+                "CREATE",
+                "DESCRIBE_CONFIGS",
+                "ALTER_CONFIGS",
+                prefixed=True,
+            ),
             _group(worker_group, "READ"),
             _group(rules_group_prefix(prefix), "READ", prefixed=True),
         ]

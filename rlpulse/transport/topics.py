@@ -8,7 +8,13 @@ from collections.abc import Callable, Collection
 from typing import Any, Final, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    OffsetSpec,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from rlpulse.schemas.topics import Topics
@@ -20,6 +26,7 @@ from rlpulse.transport.replication import Replication, cluster_replication
 __all__ = [
     "LATEST_OFFSET",
     "EnsuredTopics",
+    "RaisedLimits",
     "TopicSpec",
     "create_missing",
     "delete_topics",
@@ -27,6 +34,7 @@ __all__ = [
     "ensure_topics_for_reader",
     "list_topics",
     "missing_topic",
+    "raise_message_limits",
     "topic_config",
     "topic_exists",
     "wanted_partitions",
@@ -164,6 +172,71 @@ def create_missing(
         admin, {name: spec.partitions for name, spec in wanted.items()}, fresh, timeout_s
     )
     return sorted(created)
+
+
+MAX_MESSAGE_BYTES: Final = "max.message.bytes"
+_REFUSED_CHANGE: Final = (
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.POLICY_VIOLATION,
+    KafkaError.INVALID_CONFIG,
+)
+
+
+class RaisedLimits(NamedTuple):
+    """What :func:`raise_message_limits` did: topics raised, and each refusal (one line)."""
+
+    raised: list[str]
+    refused: list[str]
+
+
+def raise_message_limits(
+    admin: AdminClient, wanted: dict[str, TopicSpec], timeout_s: float
+) -> RaisedLimits:
+    """Give each existing topic of ``wanted`` at least its spec's ``max.message.bytes``.
+
+    A topic made before a larger limit was wanted keeps the broker's default (1 MiB) until
+    this raises it; a limit already larger is left alone. A change the cluster refuses (no
+    permission, a policy) is reported, not raised; other Kafka errors raise.
+    """
+    limits = {
+        name: int(spec.config[MAX_MESSAGE_BYTES])
+        for name, spec in wanted.items()
+        if MAX_MESSAGE_BYTES in spec.config
+    }
+    done = RaisedLimits([], [])
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in limits]
+    described = admin.describe_configs(resources, request_timeout=timeout_s) if resources else {}
+    for resource, future in described.items():
+        name = resource.name
+        try:
+            entry = future.result().get(MAX_MESSAGE_BYTES)
+            if entry is not None and int(entry.value) >= limits[name]:
+                continue
+            change = ConfigResource(
+                ConfigResource.Type.TOPIC,
+                name,
+                incremental_configs=[
+                    ConfigEntry(
+                        MAX_MESSAGE_BYTES,
+                        str(limits[name]),
+                        incremental_operation=AlterConfigOpType.SET,
+                    )
+                ],
+            )
+            for altered in admin.incremental_alter_configs(
+                [change], request_timeout=timeout_s
+            ).values():
+                altered.result()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is None or error.code() not in _REFUSED_CHANGE:
+                raise
+            done.refused.append(f"{name}: {error.str()}")
+        else:
+            done.raised.append(name)
+    done.raised.sort()
+    return done
 
 
 def topic_config(topics: Topics, name: str) -> dict[str, str]:

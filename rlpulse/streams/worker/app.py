@@ -131,6 +131,9 @@ def faust_app(settings: Settings, replication: Replication | None = None) -> fau
         "broker_heartbeat_interval": 1.0,
         # A batch's writes to one partition leave in one produce batch.
         "producer_max_batch_size": 256 * 1024,
+        # A stage's unreleased steps are one state record: ranks x metrics x open steps.
+        "producer_max_request_size": worker.state_max_bytes + STATE_RECORD_MARGIN,
+        "consumer_max_fetch_size": worker.state_max_bytes + STATE_RECORD_MARGIN,
     }
     if replication is not None:
         options["topic_replication_factor"] = replication.factor
@@ -142,6 +145,9 @@ def faust_app(settings: Settings, replication: Replication | None = None) -> fau
     )
     return app
 
+
+STATE_RECORD_MARGIN = 64 * 1024
+"""Room for a record's key, headers and batch framing above ``worker.state_max_bytes``."""
 
 EXIT_PUBLISH_FAILED = 75
 """The worker's exit status when a write failed (``EX_TEMPFAIL``: a supervisor restarts it)."""
@@ -287,7 +293,13 @@ class WorkerApp:
         """
         changelogs = {
             view.table.changelog_topic.get_topic_name(): TopicSpec(
-                self.settings.worker.partitions, {"cleanup.policy": "compact"}
+                self.settings.worker.partitions,
+                {
+                    "cleanup.policy": "compact",
+                    "max.message.bytes": str(
+                        self.settings.worker.state_max_bytes + STATE_RECORD_MARGIN
+                    ),
+                },
             )
             for view in self._tables
         }

@@ -32,7 +32,7 @@ from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka
 from rlpulse.transport.replication import Replication, fix_commands, under_replicated
-from rlpulse.transport.topics import create_missing, ensure_topics
+from rlpulse.transport.topics import create_missing, ensure_topics, raise_message_limits
 
 __all__ = [
     "BoundedStopWorker",
@@ -76,17 +76,36 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
         say_while_running,
         group_members,
     ).attach(faust_app)
+    state_topics = worker_app.faust_topics()
     retry_until(
         deadline,
         lambda: create_missing(
             new_admin(settings),
-            worker_app.faust_topics(),
+            state_topics,
             replication,
             timeout_s=max(1.0, min(30.0, deadline.left())),
         ),
         "the worker's state topics",
         say,
     )
+    limits = retry_until(
+        deadline,
+        lambda: raise_message_limits(
+            new_admin(settings), state_topics, timeout_s=max(1.0, min(30.0, deadline.left()))
+        ),
+        "the worker's state topics' message limit",
+        say,
+    )
+    state_max = f"worker.state_max_bytes ({settings.worker.state_max_bytes:,} bytes)"
+    if limits.raised:
+        say(f"raised max.message.bytes to {state_max} on {', '.join(limits.raised)}")
+    for refusal in limits.refused:
+        log.warning(
+            "could not raise max.message.bytes to %s on %s; a state record above the "
+            "topic's limit will stop the worker",
+            state_max,
+            refusal,
+        )
     follow(deadline)  # after WorkerApp attached the book's counters: refusals at start count
     port = settings.worker.metrics_port
     if port is not None:
