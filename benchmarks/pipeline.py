@@ -214,7 +214,7 @@ def bare_agent_main(bootstrap: str, prefix: str, expect: int, done_file: str) ->
     import faust
 
     from rlpulse.settings import WorkerSettings
-    from rlpulse.streams.worker.app import batches, faust_app
+    from rlpulse.streams.worker.app import Batcher, faust_app
 
     worker = WorkerSettings(
         app_id=f"{prefix}-bare",
@@ -227,16 +227,20 @@ def bare_agent_main(bootstrap: str, prefix: str, expect: int, done_file: str) ->
     decoded = 0
     first: tuple[float, int] | None = None
 
+    async def decode(event: Any) -> None:
+        nonlocal decoded
+        codec.decode_event(event.message.value)
+        decoded += 1
+
+    async def batch_done() -> None:
+        nonlocal first
+        if first is None:
+            first = (time.time(), decoded)
+        if decoded >= expect:
+            Path(done_file).write_text(json.dumps([*first, time.time()]))
+
     async def decode_only(stream: Any) -> None:
-        nonlocal decoded, first
-        async for events in batches(stream, settings):
-            for event in events:
-                codec.decode_event(event.message.value)
-            decoded += len(events)
-            if first is None:
-                first = (time.time(), decoded)
-            if decoded >= expect:
-                Path(done_file).write_text(json.dumps([*first, time.time()]))
+        await Batcher(settings).run(stream, batch_done, decode)
 
     topic = app.topic(Topics(prefix).events, key_type=bytes, value_type=bytes)
     app.agent(topic, name="bench.decode")(decode_only)

@@ -30,7 +30,7 @@ together at the end of the batch, except that a summary carrying commands is sen
 (with those held before it, in order), so a command leaves as soon as the step's last rank
 has been joined. Awaiting the deliveries and writing the state is done per batch (what
 is buffered when the agent is ready, at most ``batch_max`` messages, open at most
-``batch_window_s``: see :func:`batches`; a batch's cost beyond its events is a few awaited
+``batch_window_s``: see :class:`Batcher`; a batch's cost beyond its events is a few awaited
 produce round trips, so batches keep the worker's capacity without adding to a command's
 latency). The tables are written through
 :class:`~rlpulse.streams.worker.write_behind.WriteBehind`: each changed record goes to its
@@ -65,7 +65,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import faust
@@ -97,8 +97,15 @@ __all__ = ["EXIT_PUBLISH_FAILED", "WorkerApp", "fail_fast", "faust_app"]
 log = logging.getLogger(__name__)
 
 
-def faust_app(settings: Settings, replication: Replication | None = None) -> faust.App:
+def faust_app(
+    settings: Settings,
+    replication: Replication | None = None,
+    before_wait_empty: Callable[[], Awaitable[None]] | None = None,
+) -> faust.App:
     """The faust app of a worker (or of a benchmark agent beside it), without agents.
+
+    ``before_wait_empty`` is awaited before faust waits for every delivered event to be
+    acked (at a rebalance and at stop): :meth:`Batcher.close_open`.
 
     Its data directory (and the parents of it) is created here: faust makes only the last
     level, and a fresh machine has none of them. The topics faust creates (changelogs, its
@@ -142,6 +149,7 @@ def faust_app(settings: Settings, replication: Replication | None = None) -> fau
         app,
         fetch_max_wait_s=worker.fetch_max_wait_s,
         pause_on_busy_buffer=worker.pause_on_busy_buffer,
+        before_wait_empty=before_wait_empty,
     )
     return app
 
@@ -171,43 +179,82 @@ def fail_fast(exc: BaseException) -> NoReturn:
     os._exit(EXIT_PUBLISH_FAILED)
 
 
-async def batches(
-    stream: Any,
-    settings: Settings,
-    each: Callable[[Any], Awaitable[None]] | None = None,
-) -> AsyncIterator[list[Any]]:
-    """The stream's events in lists of what is buffered when the agent is ready.
+class Batcher:
+    """Takes a stream's events in batches, and finishes an open batch when a rebalance asks.
 
-    A list closes when the buffer stays empty for ``batch_linger_s``, at ``batch_max``
+    A batch closes when the buffer stays empty for ``batch_linger_s``, at ``batch_max``
     events, or ``batch_window_s`` after its first event. The window bounds how long a
-    list stays open: under a steady load that arrives faster than the linger, a list would
+    batch stays open: under a steady load that arrives faster than the linger, a batch would
     otherwise stay open until ``batch_max`` (2,000 events, half a second at 4,000 events/s).
-    ``each``, when given, is awaited with every event as it is taken (before the list it
-    joins is yielded), so the work on an event need not wait for its list to close.
+    ``each`` is awaited with every event as it is taken, so the work on an event need not
+    wait for its batch to close; ``finish`` once per batch, after which its events are acked
+    (their offsets become committable).
 
-    A list's events are acked (so their offsets become committable) only when the caller
-    asks for the next list, i.e. after it has finished with them.
+    Before faust revokes partitions or stops, it stops delivering events and waits until
+    every event handed to an agent is acked. A batch left open then (events taken, the
+    buffer not yet empty when faust stopped it) would wait for a next event that does not
+    come, and faust would wait for it forever: the group's rebalance hung, and a SIGTERMed
+    worker never ended. :meth:`close_open`, which the consumer awaits before that wait
+    (:func:`~rlpulse.streams.worker.steady_consumer.use_steady_consumer`), finishes and acks
+    the open batch there.
     """
-    manual = stream.noack()
-    queue = manual.channel.queue
-    clock = asyncio.get_running_loop().time
-    batch_max, window_s = settings.worker.batch_max, settings.worker.batch_window_s
-    batch: list[Any] = []
-    opened = 0.0
-    async for event in manual.events():
-        if not batch:
-            opened = clock()
-        batch.append(event)
-        if each is not None:
-            await each(event)
-        full = len(batch) >= batch_max or clock() - opened >= window_s
-        if not full and queue.empty():
-            await asyncio.sleep(settings.worker.batch_linger_s)
-        if full or queue.empty():
-            yield batch
-            for done in batch:
-                await manual.ack(done)
-            batch = []
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings.worker
+        self._lock = asyncio.Lock()
+        self._open: list[Any] = []
+        self._waiting = False
+        self._finish: Callable[[], Awaitable[None]] | None = None
+        self._ack: Callable[[Any], Awaitable[None]] | None = None
+
+    async def run(
+        self,
+        stream: Any,
+        finish: Callable[[], Awaitable[None]],
+        each: Callable[[Any], Awaitable[None]] | None = None,
+    ) -> None:
+        """The agent's loop over ``stream`` (returns when the stream ends)."""
+        manual = stream.noack()
+        queue = manual.channel.queue
+        clock = asyncio.get_running_loop().time
+        self._finish, self._ack = finish, manual.ack
+        batch_max, window_s = self._settings.batch_max, self._settings.batch_window_s
+        opened = 0.0
+        self._waiting = True
+        async for event in manual.events():
+            self._waiting = False
+            async with self._lock:
+                if not self._open:
+                    opened = clock()
+                self._open.append(event)
+                if each is not None:
+                    await each(event)
+                full = len(self._open) >= batch_max or clock() - opened >= window_s
+                if not full and queue.empty():
+                    await asyncio.sleep(self._settings.batch_linger_s)
+                if full or queue.empty():
+                    await self._close()
+            self._waiting = True
+
+    async def close_open(self) -> None:
+        """Finish and ack the open batch while the agent waits for an event that won't come.
+
+        While the agent works on an event it closes its batch itself (faust has emptied the
+        buffer, so the batch closes after this event); waiting for it here could deadlock
+        with a rebalance the agent's own work waits for (a seek, a commit).
+        """
+        if not self._waiting:
+            return
+        async with self._lock:
+            if self._open:
+                await self._close()
+
+    async def _close(self) -> None:
+        batch, self._open = self._open, []
+        assert self._finish is not None and self._ack is not None
+        await self._finish()
+        for done in batch:
+            await self._ack(done)
 
 
 class WorkerApp:
@@ -229,7 +276,8 @@ class WorkerApp:
         self.book = book
         book.on_outcome = lambda outcome: self.metrics.rules_updates.labels(outcome).inc()
         book.on_refusal = lambda reason: self.metrics.rules_refused.labels(reason).inc()
-        self.app = faust_app(settings, replication)
+        self.batcher = Batcher(settings)
+        self.app = faust_app(settings, replication, before_wait_empty=self.batcher.close_open)
         changelog_config = {} if replication is None else replication.topic_config()
         self.outbox = Outbox(self.app)
         state_codec = register_state_codec()
@@ -315,11 +363,13 @@ class WorkerApp:
             except Exception as exc:  # a failed send ends the process (fail_fast)
                 fail_fast(exc)
 
-        async for _events in batches(stream, self.settings, join):
+        async def finish() -> None:
             try:
                 await self._finish_batch()
             except Exception as exc:  # a failed send or write ends the process (fail_fast)
                 fail_fast(exc)
+
+        await self.batcher.run(stream, finish, join)
 
     async def _join_one(self, message: Any) -> None:
         """Join one message (an event or a tick); send what it released if a command is due.

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import faust
@@ -116,9 +117,17 @@ class SteadyConsumer(faust_aiokafka.Consumer):
     """How long the broker may hold a fetch that found no data (faust's fixed value)."""
     pause_on_busy_buffer = True
     """faust's flow control: stop fetching a partition whose buffer is 80 % full."""
+    before_wait_empty: Callable[[], Awaitable[None]] | None = None
+    """Awaited before faust waits for every delivered event to be acked (rebalance, stop)."""
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _FetchWaitThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def wait_empty(self) -> None:
+        """Let the agent finish what it holds (``before_wait_empty``), then faust's wait."""
+        if self.before_wait_empty is not None:
+            await self.before_wait_empty()
+        await super().wait_empty()
 
     async def group_members(self) -> int | None:
         """How many members the worker's consumer group has now (None: unknown).
@@ -180,15 +189,24 @@ class SteadyTransport(faust_aiokafka.Transport):
 
 
 def use_steady_consumer(
-    app: faust.App, *, fetch_max_wait_s: float, pause_on_busy_buffer: bool
+    app: faust.App,
+    *,
+    fetch_max_wait_s: float,
+    pause_on_busy_buffer: bool,
+    before_wait_empty: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Make ``app`` consume with a :class:`SteadyConsumer` (call before the app starts)."""
+    """Make ``app`` consume with a :class:`SteadyConsumer` (call before the app starts).
+
+    ``before_wait_empty`` is awaited each time faust is about to wait until every event it
+    delivered is acked (at a rebalance and at stop).
+    """
     consumer = type(
         "WorkerConsumer",
         (SteadyConsumer,),
         {
             "fetch_max_wait_ms": max(1, round(fetch_max_wait_s * 1000)),
             "pause_on_busy_buffer": pause_on_busy_buffer,
+            "before_wait_empty": staticmethod(before_wait_empty) if before_wait_empty else None,
         },
     )
     transport = type("WorkerTransport", (SteadyTransport,), {"Consumer": consumer})
