@@ -694,27 +694,37 @@ def main() -> None:
     parser.add_argument("--a-ranks", type=int, default=1024)
     parser.add_argument("--b-runs", type=int, default=64)
     parser.add_argument("--b-ranks", type=int, default=64)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     chosen = set(args.scenarios.split(","))
     work = Path(tempfile.mkdtemp(prefix="rlpulse-fleet-"))
     emit("setup", work=str(work), cores=os.cpu_count(), **{k: v for k, v in vars(args).items()})
-    with kafka(work) as (bootstrap, broker_pid, broker_port):
-        common = (args, bootstrap, broker_pid, broker_port)
-        if "a" in chosen:
-            scenario("a", *common, runs=1, ranks=args.a_ranks, workers=1, work=work)
-        if "b" in chosen:
-            scenario("b", *common, runs=args.b_runs, ranks=args.b_ranks, workers=1, work=work)
-        if "drain" in chosen:  # the drains of scenario c alone, without the fleets
-            for workers in (int(n) for n in args.workers.split(",")):
-                drain(args, bootstrap, args.b_runs, args.b_ranks, workers, work)
-        if "c" in chosen:
-            for workers in (int(n) for n in args.workers.split(",")):
-                if workers > 1:
-                    scenario(
-                        f"c{workers}", *common, runs=args.b_runs, ranks=args.b_ranks,
-                        workers=workers, work=work,
-                    )  # fmt: skip
-                drain(args, bootstrap, args.b_runs, args.b_ranks, workers, work)
+    try:
+        with kafka(work) as (bootstrap, broker_pid, broker_port):
+            common = (args, bootstrap, broker_pid, broker_port)
+            if "a" in chosen:
+                scenario("a", *common, runs=1, ranks=args.a_ranks, workers=1, work=work)
+            if "b" in chosen:
+                scenario("b", *common, runs=args.b_runs, ranks=args.b_ranks, workers=1, work=work)
+            if "drain" in chosen:  # the drains of scenario c alone, without the fleets
+                for workers in (int(n) for n in args.workers.split(",")):
+                    drain(args, bootstrap, args.b_runs, args.b_ranks, workers, work)
+            if "c" in chosen:
+                for workers in (int(n) for n in args.workers.split(",")):
+                    if workers > 1:
+                        scenario(
+                            f"c{workers}", *common, runs=args.b_runs, ranks=args.b_ranks,
+                            workers=workers, work=work,
+                        )  # fmt: skip
+                    drain(args, bootstrap, args.b_runs, args.b_ranks, workers, work)
+
+    except BaseException:
+        print(f"kept {work}: every process's log is there", file=sys.stderr)
+        raise
+    if args.keep:
+        print(f"kept {work}", file=sys.stderr)
+    else:  # the ranks' write-ahead logs and the broker's data: gigabytes at 1,024 ranks
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
