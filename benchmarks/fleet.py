@@ -697,6 +697,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     chosen = set(args.scenarios.split(","))
+    unknown = sorted(chosen - {"a", "b", "c", "drain"})
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from a, b, c, drain")
     work = Path(tempfile.mkdtemp(prefix="rlpulse-fleet-"))
     emit("setup", work=str(work), cores=os.cpu_count(), **{k: v for k, v in vars(args).items()})
     try:

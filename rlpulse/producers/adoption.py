@@ -105,10 +105,6 @@ class DeadLogs:
                 self._finish(directory, shipper)
         return done
 
-    def unsent(self) -> int:
-        """Records of the logs being sent that have not arrived yet."""
-        return sum(unsent_frames(directory) for directory in self._sending)
-
     def close(self) -> list[tuple[Path, int, str | None]]:
         """Stop sending: keep each log not delivered whole; (log, records left, why) of each."""
         kept = []
