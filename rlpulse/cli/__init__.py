@@ -27,6 +27,7 @@ from rlpulse.cli.replay import replay
 from rlpulse.cli.rules import rules_app
 from rlpulse.cli.search import search_app
 from rlpulse.cli.show import show
+from rlpulse.cli.spool import spool_app
 from rlpulse.cli.trace import trace_app
 from rlpulse.cli.worker import worker
 
@@ -69,6 +70,7 @@ app.command("worker")(worker)
 app.command("exporter")(exporter)
 app.command("demo")(demo)
 app.command("replay")(replay)
+app.add_typer(spool_app, name="spool")
 app.command("aggregate")(aggregate)
 app.add_typer(archive_app, name="archive")
 app.command("index")(index)

@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 
 from rlpulse.cli.common import Bootstrap, ConfigFile, err, in_force, one_line_errors, out, settings
-from rlpulse.producers.replay import replay_logs
+from rlpulse.producers.replay import ReplayReport, replay_logs
 from rlpulse.producers.spool_root import resolve_spool_root
+from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
 
 
@@ -45,6 +46,14 @@ def replay(
         err.print(f"{root} does not exist: nothing to replay", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     report = replay_logs(root, chosen, prefix=prefix, timeout_s=timeout)
+    print_report(report, root, chosen, again="run the replay again")
+
+
+def print_report(report: ReplayReport, root: Path, chosen: Settings, again: str) -> None:
+    """Say what a replay of the logs under ``root`` did; exit 1 if it left records unsent.
+
+    ``again``: what to do about the logs kept (``rlpulse spool send`` says it too).
+    """
     out.print(
         f"sent {report.delivered} record(s) from {report.logs} write-ahead log(s) under "
         f"{root} to {bootstrap_servers(chosen)}; {report.found} were there already",
@@ -53,6 +62,8 @@ def replay(
     )
     if report.busy_producers:
         out.print(f"skipped {report.busy_producers} log(s) held by a live process")
+    if report.other_hosts:
+        out.print(f"skipped {report.other_hosts} log(s) another host wrote")
     for kept in report.kept:
         err.print(
             f"{kept.path}: {kept.records} record(s) not sent: {kept.cause}",
@@ -62,7 +73,7 @@ def replay(
     if not report.complete:
         err.print(
             f"{report.undelivered} record(s) in {len(report.kept)} log(s) not sent; "
-            "the logs are kept: run the replay again",
+            f"the logs are kept: {again}",
             highlight=False,
             soft_wrap=True,
         )

@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, Producer
 from rlpulse.producers.shipper import LogShipper, ShipperCounts
 from rlpulse.producers.wal import LogMeta, WalClaim, logs_in, unsent_frames
 
-__all__ = ["DeadLog", "DeadLogs", "claim_dead_logs"]
+__all__ = ["DeadLog", "DeadLogs", "claim_dead_logs", "written_on"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,15 @@ class DeadLog:
     claim: WalClaim
 
 
+def written_on(meta: LogMeta, host: str) -> bool:
+    """Whether ``host`` wrote the log (or, for a log of an earlier release, none is recorded).
+
+    Only such logs are claimed on ``host``: another host's writer may be alive there, where a
+    lock on a filesystem the hosts share may not reach.
+    """
+    return meta.host is None or meta.host == host
+
+
 def claim_dead_logs(directory: Path, host: str, skip: Collection[Path] = ()) -> Iterator[DeadLog]:
     """Claim the logs in ``directory`` (a run's logs of ``host``) whose processes are gone.
 
@@ -49,7 +58,7 @@ def claim_dead_logs(directory: Path, host: str, skip: Collection[Path] = ()) -> 
         if path in skip:
             continue
         meta = LogMeta.read(path)
-        if meta is None or (meta.host is not None and meta.host != host):
+        if meta is None or not written_on(meta, host):
             continue
         claim = WalClaim.take(path)
         if claim is not None:

@@ -68,8 +68,9 @@ class RunLink:
     silent for ``archive.audit_silent_after_s``.
 
     With ``producer.system_metrics_interval_s`` set, the link also samples its process's CPU,
-    memory and GPU from the first event on, in stage ``system`` (see
-    :mod:`rlpulse.producers.system`).
+    memory and GPU from its start, in stage ``system`` (see :mod:`rlpulse.producers.system`);
+    those samples are not training steps, so the ``run_end`` a link sends at the last step
+    is the trainer's last step whatever they number.
 
     ``attempt`` is 0 for a fresh run; a process that resumes from a checkpoint
     starts a new attempt — build it with :meth:`resume`, and call
@@ -249,9 +250,9 @@ class RunLink:
         Call it at the end of a step, after the command's other actions (such as its
         checkpoint) were applied. Rank 0 acks the stop command ``applied`` (with
         ``stopped_at_step``) unless that was done and ends the run (``run_end`` at
-        ``step``, default the last metrics step, unless one was sent), the link is closed
-        (events flushed), and :class:`StopRequested` is raised: uncaught, the process exits
-        with ``exit_code``, by default :data:`EXIT_STOPPED_BY_RULE` (0: launchers do
+        ``step``, default the last training step logged, unless one was sent), the link is
+        closed (events flushed), and :class:`StopRequested` is raised: uncaught, the process
+        exits with ``exit_code``, by default :data:`EXIT_STOPPED_BY_RULE` (0: launchers do
         not restart it; see its documentation).
         """
         command = self.stop_command
@@ -281,9 +282,9 @@ class RunLink:
 
         Returns the records Kafka had not acknowledged at close (they wait in the write-ahead
         log). With ``end`` (the default), rank 0 of a link that logged anything sends
-        ``run_end`` at the last metrics step unless one was sent: the stop's reason after a
-        polled ``stop``, else ``closed``. ``end=False`` closes without it. A second call does
-        nothing.
+        ``run_end`` at the last training step logged (:attr:`EventLogger.last_step`: system
+        samples do not count) unless one was sent: the stop's reason after a polled ``stop``,
+        else ``closed``. ``end=False`` closes without it. A second call does nothing.
         """
         if end and self.events.logged and not self.events.closed:
             reason = CLOSED if self.stop_command is None else stopped_by(self.stop_command)

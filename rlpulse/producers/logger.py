@@ -143,7 +143,8 @@ class EventLogger:
         self.refused: dict[str, int] = {}
         """Events ``log()`` refused because the worker would dead-letter them, per reason code."""
         self.last_step = 0
-        """The step of the last metrics event; log records given no step get it."""
+        """The step of the last metrics event of training (not the system sampler's); log
+        records given no step get it, and so does the ``run_end`` a link sends at close."""
         topics = Topics(self.settings.prefix)
         self._topic = topics.events
         self._logs_topic = topics.logs
@@ -306,8 +307,13 @@ class EventLogger:
             )
         )
 
-    def log_event(self, event: EventFields) -> None:
-        """:meth:`log` with the event's fields as one value (what :class:`EventHandler` uses)."""
+    def log_event(self, event: EventFields, *, training_step: bool = True) -> None:
+        """:meth:`log` with the event's fields as one value (what :class:`EventHandler` uses).
+
+        ``training_step=False``: the event's step is not a step of training (the system
+        sampler's sample index, :mod:`rlpulse.producers.system`), so a metrics event leaves
+        :attr:`last_step` at the trainer's.
+        """
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
         try:
@@ -353,7 +359,8 @@ class EventLogger:
                 self._seq = seq + 1
                 self._append(EVENT, seq, value)
             if kind == "metrics":
-                self.last_step = step
+                if training_step:
+                    self.last_step = step
                 if self.local is not None:
                     self._write_metrics(step, stage, metrics, seq)
         except (InvalidFieldError, InvalidValueError) as exc:
@@ -640,7 +647,7 @@ class EventLogger:
         producer_settings = self.settings.producer
         meta = LogMeta(
             self.wal_dir, self.run_id, self.producer_id, self._topic, self._logs_topic,
-            time.time_ns(), self.hostname,
+            time.time_ns(), self.hostname, os.getpid(),
         )  # fmt: skip
         self._writer = WalWriter(
             meta,

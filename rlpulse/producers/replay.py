@@ -4,7 +4,8 @@ A trainer's own next process on the host sends what a dead process of its run le
 itself (:mod:`rlpulse.producers.adoption`); ``rlpulse replay`` does it for a run that does not
 come back, with the same :class:`~rlpulse.producers.adoption.DeadLogs`: each log reads back
 what its topics already hold of the producer and sends only the rest, with the producer's own
-ids, so every record reaches its topic once, however often a replay runs.
+ids, so every record reaches its topic once, however often a replay runs. ``rlpulse spool
+send`` is the same replay over the logs this host wrote (:mod:`rlpulse.producers.spool`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from rlpulse.producers.adoption import DeadLog, DeadLogs
+from rlpulse.producers.adoption import DeadLog, DeadLogs, written_on
 from rlpulse.producers.wal import LogMeta, WalClaim, logs_under, unsent_frames
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
@@ -56,6 +57,8 @@ class ReplayReport:
     """Records found on their topic already (sent before the producer died): not sent again."""
     busy_producers: int = 0
     """Logs a live process holds (it sends them itself): left alone."""
+    other_hosts: int = 0
+    """Logs another host wrote (a replay for one ``host``): left alone."""
     kept: list[KeptLog] = field(default_factory=list)
     """The logs not sent whole, each with its cause."""
 
@@ -71,14 +74,20 @@ class ReplayReport:
 
 
 def replay_logs(
-    root: Path, settings: Settings, *, prefix: str | None = None, timeout_s: float = 60.0
+    root: Path,
+    settings: Settings,
+    *,
+    prefix: str | None = None,
+    timeout_s: float = 60.0,
+    host: str | None = None,
 ) -> ReplayReport:
     """Send what every write-ahead log under ``root`` (searched recursively) still holds.
 
     ``prefix`` sends to ``<prefix>.events`` and ``<prefix>.logs`` instead of the topics each
     log recorded. A log sent whole is deleted; one that is not — Kafka out of reach, a topic
     missing, not all confirmed within ``timeout_s`` — is kept, with its cause. Logs held by a
-    live process are skipped.
+    live process are skipped; with ``host``, so are the logs another host wrote
+    (:func:`~rlpulse.producers.adoption.written_on`), as a logger's adoption skips them.
     """
     report = ReplayReport()
     dead = DeadLogs(lambda: _consumer(settings), settings.logging.batch_max_bytes, "rlpulse replay")
@@ -90,6 +99,9 @@ def replay_logs(
             report.kept.append(
                 KeptLog(directory, unsent_frames(directory), "no readable meta.json")
             )
+            continue
+        if host is not None and not written_on(meta, host):
+            report.other_hosts += 1
             continue
         if prefix is not None:
             topics = Topics(prefix)

@@ -11,7 +11,9 @@ runs a :class:`SystemSampler`: a daemon thread that every interval logs one even
 
 The exporter serves them as ``<namespace>_<name>{run,stage="system",rank}``. The ``step`` of a
 system event is the sample's index (0, 1, 2, ...), not the training step: samples are taken in
-time, and the worker joins the ranks' n-th samples into one summary without revisions.
+time, and the worker joins the ranks' n-th samples into one summary without revisions. So the
+samples leave the logger's ``last_step`` alone: the step of a text record logged without one,
+and of the ``run_end`` a link sends at close, is the last step the trainer logged.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from typing import Any, Final
 
 from rlpulse.producers.exceptions import ProducerClosedError
+from rlpulse.producers.fields import EventFields
 from rlpulse.producers.logger import EventLogger
 
 __all__ = ["SYSTEM_STAGE", "GpuProbe", "SystemSampler", "sample_process"]
@@ -127,8 +130,11 @@ class SystemSampler:
     def _run(self) -> None:
         gpu = GpuProbe()
         while not self._stopped.is_set():
+            sample = EventFields(
+                "metrics", self.samples, SYSTEM_STAGE, None, {**sample_process(), **gpu.sample()}
+            )
             try:
-                self.events.log({**sample_process(), **gpu.sample()}, self.samples, SYSTEM_STAGE)
+                self.events.log_event(sample, training_step=False)
             except ProducerClosedError:
                 return
             self.samples += 1

@@ -14,8 +14,9 @@ Layout, one directory per producer under its run's directory of its host
     <spool root>/<run>/<host>/<producer_id>/lock flock(2)-ed by the process that writes
                                                  or sends this log (the kernel drops it
                                                  when that process dies)
-                                     meta.json   the run, the producer, the host that
-                                                 writes it, the two topics, when it was made
+                                     meta.json   the run, the producer, the host and
+                                                 process that write it, the two topics,
+                                                 when it was made
                                      source      the bytes every LogBatch of the producer
                                                  starts with (its shared fields)
                                      acked       what Kafka holds: the position up to which
@@ -61,6 +62,7 @@ __all__ = [
     "WalClaim",
     "WalReader",
     "WalWriter",
+    "claim_held",
     "logs_in",
     "logs_under",
     "position",
@@ -151,6 +153,8 @@ class LogMeta:
     created_ns: int
     host: str | None = None
     """The host whose process wrote the log (None: a log of an earlier release)."""
+    pid: int | None = None
+    """The process that wrote the log (None: a log of an earlier release)."""
 
     def write(self) -> None:
         """Write ``meta.json`` into the log's directory (atomically)."""
@@ -159,6 +163,7 @@ class LogMeta:
             "run_id": self.run_id,
             "producer_id": self.producer_id,
             "host": self.host,
+            "pid": self.pid,
             "events_topic": self.events_topic,
             "logs_topic": self.logs_topic,
             "created_ns": self.created_ns,
@@ -181,6 +186,7 @@ class LogMeta:
                 str(document["logs_topic"]),
                 int(document["created_ns"]),
                 None if document.get("host") is None else str(document["host"]),
+                None if document.get("pid") is None else int(document["pid"]),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -229,9 +235,30 @@ class WalClaim:
         self._handle = None
 
 
+def claim_held(directory: Path) -> bool | None:
+    """Whether a live process holds the claim of the log in ``directory``; None: no log there.
+
+    A shared lock attempt, given up at once: nothing is made or changed, and two lookers do
+    not stand in each other's way, but a process that tries to claim the log in that instant
+    (a logger of the run looking for dead producers' logs) finds it held and passes it by
+    until its next look.
+    """
+    try:
+        descriptor = os.open(directory / LOCK_NAME, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        return not _try_lock_shared(descriptor)
+    finally:
+        os.close(descriptor)  # drops the shared lock, if it was taken
+
+
 if sys.platform == "win32":  # pragma: no cover - no flock; one process per directory
 
     def _try_lock(handle: IO[bytes]) -> bool:
+        return True
+
+    def _try_lock_shared(descriptor: int) -> bool:
         return True
 
 else:
@@ -240,6 +267,13 @@ else:
     def _try_lock(handle: IO[bytes]) -> bool:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def _try_lock_shared(descriptor: int) -> bool:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
         return True

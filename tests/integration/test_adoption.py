@@ -7,20 +7,24 @@ and its ``close(60)`` returns only once the adopted log was delivered too:
 
 - the next process logs one event and closes;
 - the next process never logs, and closes;
-- two next processes (sibling ranks) start at once: exactly one of them claims the log.
+- two next processes (sibling ranks) start at once: exactly one of them claims the log;
+- no process of the run comes back: ``rlpulse spool send`` sends it, and leaves alone the log
+  of a live process beside it.
 
 Each time every event and record of the dead producer is on its topic exactly once (its seqs
-0..4,399, by identity), and no write-ahead log is left.
+0..4,399, by identity), and no write-ahead log of it is left.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -30,6 +34,8 @@ from rlpulse.schemas.topics import Topics
 from tests.integration.test_producer_faults import events_on_topic, log_records_on_topic
 
 pytestmark = pytest.mark.broker
+
+REPO = Path(__file__).resolve().parents[2]
 
 EVENTS = 400
 RECORDS = 4_000
@@ -69,8 +75,13 @@ print(json.dumps({"left": left, "adopted_left": logger.adopted_left, "replayed":
 """
 
 
-def killed_producer(bootstrap: str, topics: Topics, spool: Path, run_id: str) -> str:
-    """Run DYING until it logged everything, SIGKILL it; its producer id."""
+def logging_producer(
+    bootstrap: str, topics: Topics, spool: Path, run_id: str
+) -> tuple[subprocess.Popen[str], str]:
+    """Run DYING until it logged everything (it then waits, holding its log); it, its producer id.
+
+    The caller ends it (SIGKILL).
+    """
     child = subprocess.Popen(
         [sys.executable, "-c", DYING, bootstrap, topics.prefix, str(spool), run_id,
          str(EVENTS), str(RECORDS)],
@@ -80,9 +91,18 @@ def killed_producer(bootstrap: str, topics: Topics, spool: Path, run_id: str) ->
         assert child.stdout is not None
         producer_id = child.stdout.readline().strip()
         assert producer_id, "the dying process said nothing"
-    finally:
+    except BaseException:
         child.send_signal(signal.SIGKILL)
         child.wait()
+        raise
+    return child, producer_id
+
+
+def killed_producer(bootstrap: str, topics: Topics, spool: Path, run_id: str) -> str:
+    """Run DYING until it logged everything, SIGKILL it; its producer id."""
+    child, producer_id = logging_producer(bootstrap, topics, spool, run_id)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
     assert len(logs_under(spool)) == 1
     return producer_id
 
@@ -104,8 +124,10 @@ def outcome(process: subprocess.Popen[str]) -> dict[str, int]:
     return result
 
 
-def assert_sent_once(bootstrap: str, topics: Topics, producer_id: str, spool: Path) -> None:
-    """Every seq of the dead producer on its topic once; no log left on the host."""
+def assert_sent_once(
+    bootstrap: str, topics: Topics, producer_id: str, spool: Path, left: Sequence[Path] = ()
+) -> None:
+    """Every seq of the dead producer on its topic once; no log but ``left`` on the host."""
     events = [
         e for e in events_on_topic(bootstrap, topics.events) if e["producer_id"] == producer_id
     ]
@@ -119,7 +141,7 @@ def assert_sent_once(bootstrap: str, topics: Topics, producer_id: str, spool: Pa
         f"twice: {twice[:20]}, missing: {missing[:20]} ({len(missing)})"
     )
     assert len(events) == EVENTS and len(records) == RECORDS
-    assert logs_under(spool) == [], f"write-ahead logs left: {logs_under(spool)}"
+    assert logs_under(spool) == sorted(left), f"write-ahead logs left: {logs_under(spool)}"
 
 
 @pytest.mark.parametrize("logs", [True, False], ids=["logs-one-event", "never-logs"])
@@ -145,3 +167,46 @@ def test_two_siblings_looking_at_once_send_the_log_once(
     assert sorted(r["replayed"] for r in results) == [0, EVENTS + RECORDS], results
     assert all(r["left"] == 0 and r["adopted_left"] == 0 for r in results), results
     assert_sent_once(kafka_bootstrap, topics, dead, spool)
+
+
+def rlpulse(*args: str) -> str:
+    """``rlpulse ARGS`` of this checkout; its output (it must exit 0)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rlpulse", *args],
+        capture_output=True, text=True, timeout=120, check=False, cwd=REPO,
+        env={**os.environ, "COLUMNS": "250"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_spool_send_sends_a_killed_process_s_log_once_and_never_a_live_one(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """The live process beside it logs to the same topics through a broker that is not there:
+    whatever of it reached the topics, ``rlpulse spool send`` would have sent."""
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    spool = tmp_path / "spool"
+    dead = killed_producer(kafka_bootstrap, topics, spool, run_id)
+    live, alive = logging_producer("127.0.0.1:1", topics, spool, f"live-{run_id}")
+    try:
+        [live_log] = [path for path in logs_under(spool) if path.name == alive]
+        listed = rlpulse("spool", "list", "--json", "--spool-dir", str(spool))
+        rows = {row["producer_id"]: row for row in map(json.loads, listed.splitlines())}
+        assert {producer: row["state"] for producer, row in rows.items()} == {
+            dead: "dead", alive: "live"
+        }  # fmt: skip
+        assert (rows[dead]["events"], rows[dead]["records"]) == (EVENTS, RECORDS)
+        sent = rlpulse("spool", "send", "--spool-dir", str(spool), "--bootstrap", kafka_bootstrap)
+        assert f"sent {EVENTS + RECORDS} record(s) from 1 write-ahead log(s)" in sent, sent
+        assert "skipped 1 log(s) held by a live process" in sent, sent
+        assert_sent_once(kafka_bootstrap, topics, dead, spool, left=[live_log])
+        assert live.poll() is None, "the live process died"
+        on_topics = [e["producer_id"] for e in events_on_topic(kafka_bootstrap, topics.events)]
+        on_topics += [r["producer_id"] for r in log_records_on_topic(kafka_bootstrap, topics.logs)]
+        assert alive not in on_topics
+        again = rlpulse("spool", "list", "--json", "--spool-dir", str(spool))
+        assert [json.loads(row)["producer_id"] for row in again.splitlines()] == [alive]
+    finally:
+        live.send_signal(signal.SIGKILL)
+        live.wait()

@@ -1,8 +1,13 @@
-"""RunLink's opt-in system sampling: stage ``system`` events, every interval, until close."""
+"""RunLink's opt-in system sampling: stage ``system`` events, every interval, until close.
+
+The samples number themselves (0, 1, 2, ...); the training step stays the trainer's: the
+``run_end`` sent at close and a text record logged without a step carry it.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +16,9 @@ from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import TrainerEvent
 from rlpulse.schemas.topics import Topics
 from tests.integration.scripted_run import consume_all
+from tests.integration.test_producer_faults import log_records_on_topic
 from tests.kafka import settings_at
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -50,4 +57,27 @@ def test_each_rank_samples_its_process_off_the_training_thread(
     assert [(e["kind"], e["stage"]) for e in quiet_events] == [
         ("metrics", "actor"),
         ("run_end", "trainer"),
+    ]
+
+
+def test_run_end_and_step_less_records_carry_the_training_step_not_the_sample_index(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    producer = {"system_metrics_interval_s": 0.05, "spool_dir": tmp_path / "spool"}
+    link = RunLink("stepped", settings=settings_at(kafka_bootstrap, topics, producer=producer))
+    system = link.system
+    assert system is not None
+    for step in range(1, 4):
+        link.log({"loss": 1.0 / step}, step, "actor")
+    wait_for(lambda: system.samples >= 10, "10 system samples", timeout_s=30.0, every_s=0.02)
+    link.log_record("INFO", 20, "trainer", "no step given")
+    assert link.close(30) == 0
+    events = events_of(kafka_bootstrap, topics, "stepped", 5.0)
+    samples = [e["step"] for e in events if e["stage"] == "system"]
+    assert samples == list(range(len(samples))) and len(samples) >= 10  # past step 3
+    ends = [(e["step"], e["message"]) for e in events if e["kind"] == "run_end"]
+    assert ends == [(3, "closed")]
+    records = log_records_on_topic(kafka_bootstrap, topics.logs)
+    assert [(r["run_id"], r["message"], r["step"]) for r in records] == [
+        ("stepped", "no step given", 3)
     ]

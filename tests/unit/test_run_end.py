@@ -10,15 +10,19 @@ import pytest
 
 from rlpulse.producers import RunLink, Settings, StopRequested
 from rlpulse.producers.ending import CLOSED, FINISHED, RunEnding, exited, stopped_by
-from rlpulse.producers.wal import EVENT, WalReader
+from rlpulse.producers.log_wire import batch_body
+from rlpulse.producers.wal import EVENT, LOG, WalReader, read_source
 from rlpulse.schemas import default_codec
-from rlpulse.schemas.records import ControlCommand, TrainerEvent
+from rlpulse.schemas.records import ControlCommand, LogRecord, TrainerEvent
 from rlpulse.settings import ProducerSettings
+from tests.waiting import wait_for
 
 
-def unreachable() -> Settings:
+def unreachable(system_metrics_interval_s: float | None = None) -> Settings:
     """Settings for a broker that is not there: every event stays in the log at close."""
-    producer = ProducerSettings(close_timeout_s=0.1)
+    producer = ProducerSettings(
+        close_timeout_s=0.1, system_metrics_interval_s=system_metrics_interval_s
+    )
     return Settings(bootstrap="127.0.0.1:1", prefix="unit", producer=producer)
 
 
@@ -50,12 +54,25 @@ def sent(link: RunLink) -> list[TrainerEvent]:
         reader.close()
 
 
+def records_sent(link: RunLink) -> list[LogRecord]:
+    """The text log records ``link`` (closed) sent, read back from its write-ahead log."""
+    head = read_source(link.events.wal_dir)
+    assert head is not None, "the link wrote no text record"
+    reader = WalReader(link.events.wal_dir)
+    try:
+        entries = [f.payload for f in reader.frames(0) if f.kind == LOG]
+    finally:
+        reader.close()
+    return default_codec().decode_logs(head + batch_body(entries))
+
+
 def ends(link: RunLink) -> list[tuple[int, str | None]]:
     return [(e["step"], e["message"]) for e in sent(link) if e["kind"] == "run_end"]
 
 
-def a_link(rank: int = 0, world_size: int = 1) -> RunLink:
-    link = RunLink("run-a", rank=rank, world_size=world_size, settings=unreachable())
+def a_link(rank: int = 0, world_size: int = 1, settings: Settings | None = None) -> RunLink:
+    chosen = settings if settings is not None else unreachable()
+    link = RunLink("run-a", rank=rank, world_size=world_size, settings=chosen)
     if link.control is not None:
         link.control.ack_timeout_s = 0.0  # nothing would confirm it
     return link
@@ -152,3 +169,20 @@ def test_a_with_block_ends_the_run_unless_an_error_left_it() -> None:
         raise RuntimeError("CUDA error: an illegal memory access")
     assert ends(crashed) == []
     assert crashed.events.closed
+
+
+def test_system_samples_leave_the_run_end_and_step_less_records_at_the_training_step() -> None:
+    """The sampler numbers its samples 0, 1, 2, ...: ten of them pass the trainer's step 3."""
+    link = a_link(settings=unreachable(system_metrics_interval_s=0.01))
+    system = link.system
+    assert system is not None
+    for step in range(1, 4):
+        link.log({"loss": 1.0}, step)
+    wait_for(lambda: system.samples >= 10, "10 system samples", timeout_s=10.0, every_s=0.01)
+    link.log_record("INFO", 20, "trainer", "no step given")
+    link.close(timeout_s=0.1)
+    assert link.events.last_step == 3
+    assert ends(link) == [(3, CLOSED)]
+    assert [(r["message"], r["step"]) for r in records_sent(link)] == [("no step given", 3)]
+    samples = [e["step"] for e in sent(link) if e["stage"] == "system"]
+    assert samples == list(range(len(samples))) and len(samples) >= 10  # the sample index
