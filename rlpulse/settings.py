@@ -68,6 +68,7 @@ __all__ = [
     "SearchSettings",
     "SecuritySettings",
     "Settings",
+    "UiSettings",
     "WorkerSettings",
     "environment_names",
     "explain",
@@ -737,6 +738,28 @@ class IndexSettings(_Section):
     )
 
 
+class UiSettings(_Section):
+    """``rlpulse ui``: the run page's server, and how much of the live topics it keeps.
+
+    History comes from the archive (``archive.root``); the last ``lookback_s`` seconds of the
+    live topics are kept in memory too, since the archive writes in rolls (``archive.roll_s``).
+    """
+
+    host: str = Field(default="127.0.0.1", description="Address the run page listens on.")
+    port: int = Field(default=8765, ge=0, le=65535, description="Port of the run page.")
+    lookback_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="Seconds of the live topics kept in memory (more than archive.roll_s).",
+    )
+    live_max_rows: int = Field(
+        default=2_000_000, ge=1000, description="Most live rows kept per table (oldest go first)."
+    )
+    refresh_s: float = Field(
+        default=10.0, gt=0, description="How often the archive's file list is read again."
+    )
+
+
 class CommandLimits(_Section):
     """What a trainer accepts in a ControlCommand; a command beyond these is acked ``rejected``.
 
@@ -981,6 +1004,7 @@ class Settings(BaseSettings):
     exporter: ExporterSettings = ExporterSettings()
     logging: LoggingSettings = LoggingSettings()
     archive: ArchiveSettings = ArchiveSettings()
+    ui: UiSettings = UiSettings()
     search: SearchSettings = SearchSettings()
     index: IndexSettings = IndexSettings()
     commands: CommandLimits = CommandLimits()

@@ -38,6 +38,7 @@ __all__ = [
     "register_logs",
     "require_archive",
     "run_sql",
+    "table_dataset",
 ]
 
 VIEWS: Final = ("events", "logs", "steps", "commands", "acks", "audits", "dead_letters")
@@ -49,16 +50,24 @@ _QUERY_ATTEMPTS: Final = 3
 _HIVE: Final = ds.partitioning(pa.schema(list(PARTITION_COLUMNS)), flavor="hive")
 
 
-def _dataset(store: ArchiveStore, table: Table) -> ds.Dataset | pa.Table:
+def table_dataset(
+    store: ArchiveStore, table: Table, dictionary_columns: tuple[str, ...] = ()
+) -> ds.Dataset | pa.Table:
+    """The archive's files of ``table`` as one pyarrow dataset (with ``date`` and ``run``).
+
+    ``dictionary_columns``: columns read dictionary-encoded (``metrics.key_value.key``: a
+    map's keys, each name once per file instead of once per row). No files: an empty table.
+    """
     schema = pa.schema([*table.schema, *PARTITION_COLUMNS])
     paths = sorted(path for path, _name in store.files(table.topic))
     if not paths:
         return schema.empty_table()
+    options = ds.ParquetReadOptions(dictionary_columns=list(dictionary_columns))
     try:
         return ds.dataset(
             paths,
             filesystem=store.fs,
-            format="parquet",
+            format=ds.ParquetFileFormat(read_options=options),
             partitioning=_HIVE,
             partition_base_dir=store.path(table.topic),
             schema=schema,
@@ -96,7 +105,7 @@ def open_archive(
     con.execute("SET TimeZone = 'UTC'")
     tables = tables_of(topics, codec or default_codec())
     for table in tables.values():
-        con.register(f"_{table.name}", _dataset(store, table))
+        con.register(f"_{table.name}", table_dataset(store, table))
     undecodable = []
     for table in tables.values():
         if table.record is None:

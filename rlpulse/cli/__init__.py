@@ -29,6 +29,7 @@ from rlpulse.cli.search import search_app
 from rlpulse.cli.show import show
 from rlpulse.cli.spool import spool_app
 from rlpulse.cli.trace import trace_app
+from rlpulse.cli.ui import ui
 from rlpulse.cli.worker import worker
 
 __all__ = ["app", "main"]
@@ -79,6 +80,7 @@ app.command("query")(query)
 app.command("diagnose")(diagnose)
 app.command("show")(show)
 app.command("audit")(audit)
+app.command("ui")(ui)
 
 
 def main() -> None:

@@ -2,25 +2,32 @@
 
 The demo starts (or reuses) the local Kafka broker, a worker with the seed rules and an
 exporter (Prometheus metrics, namespace ``verl``, on a free port; its URL is printed first),
-then plays a PPO-like run: its reward turns unstable around step 20 and its KL
-divergence passes 0.3 from step 40. The run reacts to the commands it receives —
-the rollout batch doubles to 128, then 256 and no further; a checkpoint is written;
-the run stops — and acknowledges each one. At the end it prints a few of the gauges the
-exporter serves. It exits 0 when kl-guard stopped the run.
+an archiver (into the demo's own directory, rolled every second) and the run page
+(``rlpulse ui``, its URL printed), then plays a PPO-like run: its reward turns unstable
+around step 20 and its KL divergence passes 0.3 from step 40. Each rank logs text records
+too (a WARNING when the reward swings, an ERROR while the KL is above 0.3). The run reacts to
+the commands it receives — the rollout batch doubles to 128, then 256 and no further; a
+checkpoint is written; the run stops — and acknowledges each one. At the end it prints a few
+of the gauges the exporter serves; on a terminal, the page stays up until Ctrl-C. It exits 0
+when kl-guard stopped the run.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import LocalBroker, tail
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import LocalError
@@ -33,14 +40,19 @@ from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.topics import delete_topics, ensure_topics
+from rlpulse.ui.exceptions import UiError
 
-__all__ = ["SimulatedRun", "run_demo"]
+if TYPE_CHECKING:
+    from rlpulse.ui.server import UiServer
+
+__all__ = ["SimulatedRun", "play", "run_demo"]
 
 WORLD_SIZE = 8
 INITIAL_ROLLOUT_BATCH = 64
 MAX_STEPS = 90
 UNSTABLE_FROM, UNSTABLE_UNTIL = 20, 38
 KL_BREACH_FROM = 40
+KL_LIMIT = 0.3
 NAMESPACE = "verl"
 SHOWN_GAUGES = ("verl_reward_mean", "verl_kl_divergence")
 SHOWN_RANKS = ('rank="0"', 'rank="1"')
@@ -103,11 +115,13 @@ def run_demo(
     settings: Settings,
     step_interval_s: float = 0.25,
     console: Console | None = None,
+    page: bool = True,
 ) -> int:
     """Run the demo end to end; return the process exit code (0 = stopped by kl-guard).
 
     Without a ``bootstrap`` setting it starts (or reuses) the local broker, and stops it at
-    the end if it started it.
+    the end if it started it. ``page``: serve the run page (``rlpulse ui``) while it plays,
+    and on a terminal until Ctrl-C after it.
     """
     say = console or Console()
     broker: LocalBroker | None = None
@@ -120,26 +134,46 @@ def run_demo(
     else:
         address = bootstrap_servers(settings)
     topics = Topics(prefix=f"rlpulse-demo-{uuid.uuid4().hex[:8]}")
-    settings = settings.model_copy(update={"bootstrap": address, "prefix": topics.prefix})
     workdir = Path(tempfile.mkdtemp(prefix="rlpulse-demo-"))
+    archive = workdir / "archive"
+    settings = settings.model_copy(
+        update={
+            "bootstrap": address,
+            "prefix": topics.prefix,
+            "archive": settings.archive.model_copy(update={"root": str(archive)}),
+        }
+    )
     worker = WorkerProcess(
         address, topics.prefix, workdir / "worker.log", rules="seed", partitions=3, grace_s=5.0
     )
     exporter = ExporterProcess(
         address, topics.prefix, workdir / "exporter.log", free_port(), namespace=NAMESPACE
     )
+    archiver = ArchiverProcess(
+        address, topics.prefix, archive, workdir / "archiver.log", {"archive.roll_s": 1}
+    )
+    server = None
     try:
         ensure_topics(settings, topics, partitions=3)
         say.print(f"[dim]Starting a worker with the seed rules (log: {worker.log_file})…[/]")
         worker.start()
         exporter.start()
+        if page:
+            archiver.start()
+            server = _serve_page(settings)
+            say.print(f"The run's page: {server.url}", highlight=False)
         say.print(f"Prometheus metrics of the run: {exporter.url}", highlight=False)
         worker.wait_consuming(timeout_s=90.0)
         exporter.wait_ready(timeout_s=90.0)
-        code = _play(say, settings, workdir, worker, step_interval_s)
+        code = play(say, settings, workdir, lambda: _alive(worker), step_interval_s)
         _show_gauges(say, exporter)
+        if server is not None and sys.stdin.isatty() and sys.stdout.isatty():
+            _keep_page(say, server.url, archive, topics.prefix)
         return code
     finally:
+        if server is not None:
+            server.stop()
+        archiver.stop()
         exporter.stop()
         worker.stop()
         _delete_topics(settings, topics)
@@ -148,14 +182,57 @@ def run_demo(
             broker.down()
 
 
-def _play(
+def _alive(worker: WorkerProcess) -> bool:
+    if not worker.alive():
+        raise LocalError(f"the worker died; its log:\n{tail(worker.log_file, 30)}")
+    return True
+
+
+def _serve_page(settings: Settings) -> UiServer:
+    """The run page on ``ui.port`` (another free port if that one is taken)."""
+    from rlpulse.ui.data import run_data
+    from rlpulse.ui.server import UiServer
+
+    data = run_data(settings)
+    for port in (settings.ui.port, 0):
+        server = UiServer(data, settings.ui.host, port)
+        try:
+            server.start()
+            return server
+        except UiError:
+            if port == 0:
+                data.close()
+                raise
+    raise AssertionError("unreachable")
+
+
+def _keep_page(say: Console, url: str, archive: Path, prefix: str) -> None:
+    say.print(
+        f"The run's page stays at {url} until Ctrl-C (later: rlpulse ui --archive {archive} "
+        f"--prefix {prefix} --no-live).",
+        highlight=False,
+    )
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        say.print("")
+
+
+def play(
     say: Console,
     settings: Settings,
     workdir: Path,
-    worker: WorkerProcess,
+    worker_alive: Callable[[], bool],
     step_interval_s: float,
+    run_id: str | None = None,
 ) -> int:
-    run = SimulatedRun(run_id=f"demo-ppo-{uuid.uuid4().hex[:6]}", checkpoint_dir=workdir)
+    """Play the simulated run on the broker ``settings`` name, with a worker already running.
+
+    Returns 0 when kl-guard stopped it. ``worker_alive`` is checked every step (a dead worker
+    raises :class:`LocalError`). Used by the demo and by the run page's tests.
+    """
+    run = SimulatedRun(run_id=run_id or f"demo-ppo-{uuid.uuid4().hex[:6]}", checkpoint_dir=workdir)
     ranks = [
         EventLogger(run.run_id, rank=rank, world_size=WORLD_SIZE, settings=settings)
         for rank in range(WORLD_SIZE)
@@ -169,8 +246,8 @@ def _play(
     ranks[0].run_start()
     try:
         for step in range(1, MAX_STEPS + 1):
-            if not worker.alive():
-                raise LocalError(f"the worker died; its log:\n{tail(worker.log_file, 30)}")
+            if not worker_alive():
+                raise LocalError("the worker died; see its log")
             _log_step(say, run, ranks, step)
             time.sleep(step_interval_s)
             for command in control.poll(timeout_s=0.05):
@@ -201,6 +278,7 @@ def _log_step(say: Console, run: SimulatedRun, ranks: list[EventLogger], step: i
         kls.append(actor["kl_divergence"])
         logger.log(rollout, step=step, stage="rollout")
         logger.log(actor, step=step, stage="actor")
+        _log_text(logger, step, rank, rollout, actor)
     for logger in ranks:
         logger.flush(timeout_s=5.0)
     reward, kl = math.fsum(rewards) / WORLD_SIZE, math.fsum(kls) / WORLD_SIZE
@@ -208,6 +286,39 @@ def _log_step(say: Console, run: SimulatedRun, ranks: list[EventLogger], step: i
         f"step {step:3d}  rollout batch {run.rollout_batch:3d}  reward {reward:6.2f}  KL {kl:.3f}",
         highlight=False,
     )
+
+
+def _log_text(
+    logger: EventLogger,
+    step: int,
+    rank: int,
+    rollout: dict[str, float],
+    actor: dict[str, float],
+) -> None:
+    """The text records a trainer writes: progress on rank 0, warnings and errors anywhere."""
+    if rank == 0:
+        logger.log_record(
+            "INFO", 20, "demo.trainer", f"step {step} done", step=step, stage="trainer"
+        )
+    if UNSTABLE_FROM <= step <= UNSTABLE_UNTIL and rank % 4 == 1:
+        logger.log_record(
+            "WARNING",
+            30,
+            "demo.rollout",
+            f"reward {rollout['reward_mean']:.2f} swings far from its recent mean",
+            step=step,
+            stage="rollout",
+        )
+    if actor["kl_divergence"] > KL_LIMIT and rank % 2 == 0:
+        logger.log_record(
+            "ERROR",
+            40,
+            "demo.actor",
+            f"KL {actor['kl_divergence']:.3f} above {KL_LIMIT} on rank {rank}: the policy drifts "
+            "from the reference model",
+            step=step,
+            stage="actor",
+        )
 
 
 def _apply_and_ack(

@@ -37,6 +37,8 @@ def test_demo_runs_its_own_broker_scales_the_batch_and_stops_at_kl_guard(fresh_h
     assert re.search(r"command kl-guard \(issued for step 42\)", out), out[-2000:]
     # applied at the step the trainer polls it: 42 on a quiet machine, maybe a step later
     assert re.search(r"Run stopped by kl-guard at step 4\d; rollout batch 64 -> 256", out)
+    # it served the run page while the run played (tests/integration/test_run_page.py drives it)
+    assert re.search(r"The run's page: http://127\.0\.0\.1:\d+/", out), out[:2000]
     # it ran an exporter: its URL first, the seed's gauges of ranks 0 and 1 at the end
     url = re.search(r"Prometheus metrics of the run: (http://127\.0\.0\.1:\d+/metrics)", out)
     assert url, out[:2000]
