@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import logging
 import math
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -30,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from rlpulse.archive.catalog import open_archive, run_sql, table_dataset
-from rlpulse.archive.exceptions import QueryError
+from rlpulse.archive.exceptions import ArchiveError, QueryError
 from rlpulse.archive.store import ArchiveStore
 from rlpulse.archive.tables import run_partition, tables_of
 from rlpulse.offline.drilldown import step_context
@@ -41,6 +44,8 @@ from rlpulse.ui.exceptions import NotFoundError
 from rlpulse.ui.live import LIVE_TABLES, LiveTail
 
 __all__ = ["MetricGrid", "RunData", "jsonable", "run_data"]
+
+log = logging.getLogger(__name__)
 
 _LEVEL_ORDER: Final = {"CRITICAL": 0, "FATAL": 0, "ERROR": 1, "WARNING": 2, "WARN": 2}
 _RUN: Final = "run = ? AND run_id = ?"
@@ -141,6 +146,8 @@ class RunData:
         self._archived: tuple[int, str] = (0, "")
         self._events_version: tuple[int, str, int] = (0, "", 0)
         self._heatmaps: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._nothing = tempfile.mkdtemp(prefix="rlpulse-ui-no-archive-")
+        """An empty directory: the archive's views with no rows, while the archive is down."""
 
     # -- the connection ----------------------------------------------------------------
 
@@ -152,8 +159,8 @@ class RunData:
                     f"no archive at {self.root} (`rlpulse archive` writes it): "
                     "only the live topics' last minutes are shown"
                 )
-        except OSError as exc:
-            return f"cannot read the archive at {self.root}: {exc}"
+        except (ArchiveError, OSError) as exc:
+            return f"{exc}: only the live topics' last minutes are shown"
         return None
 
     def live_problem(self) -> str | None:
@@ -167,11 +174,18 @@ class RunData:
         if self._con is None or now - self._opened > self.refresh_s:
             if self._con is not None:
                 self._con.close()
-            self._con = open_archive(self.root, self.topics, options=self.settings.archive)
+            try:
+                self._con = open_archive(self.root, self.topics, options=self.settings.archive)
+                store = ArchiveStore(self.root, self.settings.archive)
+                self._events = table_dataset(store, self._tables["events"], (_MAP_KEYS,))
+            except (ArchiveError, OSError) as exc:
+                # The live topics still answer; archive_problem() tells the page why the
+                # history is missing, and the archive is tried again at the next refresh.
+                log.warning("ui: %s; showing the live topics only", exc)
+                self._con = open_archive(self._nothing, self.topics)
+                self._events = pa.table({})
             self._con.execute("CREATE SCHEMA ui")
             self._opened = now
-            store = ArchiveStore(self.root, self.settings.archive)
-            self._events = table_dataset(store, self._tables["events"], (_MAP_KEYS,))
             files = self._events.files if isinstance(self._events, ds.FileSystemDataset) else []
             self._archived = (len(files), files[-1] if files else "")
         con = self._con
@@ -207,6 +221,7 @@ class RunData:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+            shutil.rmtree(self._nothing, ignore_errors=True)
 
     # -- the run list ------------------------------------------------------------------
 

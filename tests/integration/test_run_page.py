@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
+from pydantic import SecretStr
 from rich.console import Console
 
 from rlpulse.local.archiver_process import ArchiverProcess
@@ -34,7 +35,7 @@ from rlpulse.local.demo import WORLD_SIZE, play
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
-from rlpulse.settings import Settings
+from rlpulse.settings import ArchiveSettings, Settings
 from rlpulse.transport.topics import ensure_topics
 from rlpulse.ui.data import run_data
 from rlpulse.ui.server import UiServer
@@ -256,6 +257,13 @@ def test_a_running_run_gains_steps_by_itself(recorded: Recorded, browser: Browse
     assert "No log records within 2 s of step 2" in page.locator("#step-logs").inner_text()
     player.join(timeout=120)
     assert result == [0]
+    # Two runs on one chart: the other's reward mean as a third curve, step for step.
+    page = _open(browser, f"{_run_url(recorded)}&compare={run_id}")
+    other = page.evaluate(
+        f"document.getElementById('main-chart').data.find(t => t.name === '{run_id}: reward_mean')"
+    )
+    assert other["x"] == page.evaluate("window.rlpulse.series.compare.steps")
+    assert len(other["x"]) == recorded.server.data.overview(run_id)["last_step"]
 
 
 def test_bad_input_gets_a_message(recorded: Recorded, browser: Browser, tmp_path: Path) -> None:
@@ -286,5 +294,30 @@ def test_bad_input_gets_a_message(recorded: Recorded, browser: Browser, tmp_path
         wait_for(lambda: server.data.live_problem() not in (None, "not started"), "live error")
         page = _open(browser, server.url)
         assert "cannot read the live topics" in page.locator("#notices").inner_text()
+    finally:
+        server.stop()
+    # The archive down (an S3 endpoint nobody answers at): said so, and the live topics shown.
+    down = recorded.settings.model_copy(
+        update={
+            "archive": ArchiveSettings(
+                root="s3://archive/rlpulse",
+                s3_endpoint=f"http://127.0.0.1:{free_port()}",
+                s3_access_key_id="key",
+                s3_secret_access_key=SecretStr("secret"),
+            )
+        }
+    )
+    server = UiServer(run_data(down), port=0)
+    server.start()
+    try:
+        wait_for(
+            lambda: any(r["run_id"] == recorded.run_id for r in server.data.runs()),
+            "the recorded run from the live topics",
+            timeout_s=60,
+        )
+        page = _open(browser, server.url)
+        notices = page.locator("#notices").inner_text()
+        assert "cannot reach the archive at s3://archive/rlpulse" in notices
+        assert recorded.run_id in page.locator("#runs").inner_text()
     finally:
         server.stop()
