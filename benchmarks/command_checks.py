@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from rlpulse.producers.screening import command_problem
+from rlpulse.producers.control.screening import command_problem
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.schemas.signing import sign, signature_problem

@@ -66,9 +66,9 @@ from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.indexer_process import IndexerProcess
 from rlpulse.local.opensearch import local_search_or_url, request_json
 from rlpulse.producers import EventHandler, EventLogger, Settings
-from rlpulse.producers.fields import LogFields
-from rlpulse.producers.log_wire import LogEncoder, LogSource
-from rlpulse.producers.wal import LOG, LogMeta, WalWriter
+from rlpulse.producers.delivery.wal import LOG, LogMeta, WalWriter
+from rlpulse.producers.encoding.fields import LogFields
+from rlpulse.producers.encoding.logs import LogEncoder, LogSource
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import load_settings

@@ -80,7 +80,7 @@ CONFIG_ENV = "RLPULSE_CONFIG"
 OUTSIDE_ENV = frozenset(
     {
         CONFIG_ENV,
-        "RLPULSE_TRACE_CONTEXT",  # rlpulse.producers.trace
+        "RLPULSE_TRACE_CONTEXT",  # rlpulse.producers.caller.trace
         "RLPULSE_LOG_DIR",  # compose/fluent-bit/fluent-bit.conf
         "RLPULSE_FUZZ_SEED",  # tests/integration/test_dead_letters.py
     }
@@ -473,7 +473,7 @@ class LoggingSettings(_Section):
     """Text log records on the trainer side, and its local per-rank files.
 
     Records at ``level`` and above go to ``<prefix>.logs``; DEBUG and INFO records are
-    sampled at ``sampling`` (see :class:`~rlpulse.producers.sampling.SamplingFilter`). With
+    sampled at ``sampling`` (see :class:`~rlpulse.producers.caller.sampling.SamplingFilter`). With
     ``log_dir`` set, every rank also writes its events and records to
     ``<log_dir>/<component>_rank<N>.jsonl``, rotated at ``rotation`` bytes, rotated files
     deleted ``retention`` after they were rotated.
@@ -763,7 +763,7 @@ class UiSettings(_Section):
 class CommandLimits(_Section):
     """What a trainer accepts in a ControlCommand; a command beyond these is acked ``rejected``.
 
-    Checked before a command reaches the training loop (:mod:`rlpulse.producers.screening`),
+    Checked before a command reaches the training loop (:mod:`rlpulse.producers.control.screening`),
     whoever wrote it: a rule's command and an operator's alike.
     """
 
@@ -1096,7 +1096,7 @@ class Settings(BaseSettings):
         """Where trainers keep their write-ahead logs, as configured.
 
         This is before the shared-filesystem check of
-        :func:`rlpulse.producers.spool_root.resolve_spool_root`.
+        :func:`rlpulse.producers.delivery.spool_root.resolve_spool_root`.
         """
         return self.producer.spool_dir or self.home / "spool"
 

@@ -4,7 +4,7 @@
 parameters as ``NAME=VALUE``; the others are shortcuts for the common ones.
 
 A command the run's trainer would refuse (the checks of
-:mod:`rlpulse.producers.screening`, with this side's ``commands.*`` limits) is not sent.
+:mod:`rlpulse.producers.control.screening`, with this side's ``commands.*`` limits) is not sent.
 A sent command is followed to its answer: the command waits up to ``--wait`` seconds for
 the run's ack and prints it (status, step, detail). Exit status: 0 applied or noop (or
 sent, with ``--no-wait``), 1 rejected, failed or not sent, 2 no ack within the wait.
@@ -30,7 +30,7 @@ from rlpulse.cli.common import (
 )
 from rlpulse.ops.acks import AckWatch, describe_ack
 from rlpulse.ops.commands import action, operator_command, publish_command
-from rlpulse.producers.screening import command_problem
+from rlpulse.producers.control.screening import command_problem
 from rlpulse.schemas import actions as action_contract
 from rlpulse.schemas.actions import ParamKind
 from rlpulse.schemas.records import Action, ParamValue

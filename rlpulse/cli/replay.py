@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from rlpulse.cli.common import Bootstrap, ConfigFile, err, in_force, one_line_errors, out, settings
-from rlpulse.producers.replay import ReplayReport, replay_logs
-from rlpulse.producers.spool_root import resolve_spool_root
+from rlpulse.producers.delivery.replay import ReplayReport, replay_logs
+from rlpulse.producers.delivery.spool_root import resolve_spool_root
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
 

@@ -2,8 +2,8 @@
 
 ``list`` shows each producer's log under the spool root that this host wrote, per run:
 whether its process is alive and holds it, and what Kafka has not acknowledged
-(:func:`~rlpulse.producers.spool.list_spool`). ``send`` sends the dead ones, as ``rlpulse
-replay`` does (:func:`~rlpulse.producers.spool.send_spool`); a log a live process holds is
+(:func:`~rlpulse.producers.delivery.spool.list_spool`). ``send`` sends the dead ones, as ``rlpulse
+replay`` does (:func:`~rlpulse.producers.delivery.spool.send_spool`); a log a live process holds is
 never sent from here.
 """
 
@@ -28,8 +28,15 @@ from rlpulse.cli.common import (
     settings,
 )
 from rlpulse.cli.replay import print_report
-from rlpulse.producers.spool import DEAD, SpoolListing, SpoolLog, host_name, list_spool, send_spool
-from rlpulse.producers.spool_root import resolve_spool_root
+from rlpulse.producers.delivery.spool import (
+    DEAD,
+    SpoolListing,
+    SpoolLog,
+    host_name,
+    list_spool,
+    send_spool,
+)
+from rlpulse.producers.delivery.spool_root import resolve_spool_root
 from rlpulse.settings import Settings
 
 spool_app = typer.Typer(

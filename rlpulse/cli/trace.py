@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rlpulse.producers.trace import new_trace_id
+from rlpulse.producers.caller.trace import new_trace_id
 
 trace_app = typer.Typer(help="Trace ids for RLPULSE_TRACE_CONTEXT.", no_args_is_help=True)
 

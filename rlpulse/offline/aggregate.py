@@ -10,7 +10,7 @@ so merging loses nothing across components. Within a row and column a later line
 (``timestamp_ns`` order) replaces an earlier one -- the re-run steps of a resumed run, or
 the ranks of one component when ``rank`` is not a merge field -- and is counted as
 overwritten. Lines of a stage whose ``step`` is not a training step -- ``system``, whose
-step is a sample index (:mod:`rlpulse.producers.system`) -- get rows of their own (as if
+step is a sample index (:mod:`rlpulse.producers.caller.system`) -- get rows of their own (as if
 ``stage`` were a merge field), never mixed into the training step of the same number; and
 lines of different runs (their ``run_id``: runs that shared a ``log_dir`` append to the same
 files) get rows of their own too.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from rlpulse.producers.system import SYSTEM_STAGE
+from rlpulse.producers.caller.system import SYSTEM_STAGE
 from rlpulse.schemas.jsonl import MalformedLine, RankRecord, read_rank_logs
 
 __all__ = [

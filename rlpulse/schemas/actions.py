@@ -5,7 +5,7 @@ static bounds, the ``commands.*`` limits a trainer holds it to), the checks that
 its parameters, and how an operator is told about it (its Alertmanager alert). Everything
 that makes, checks or shows an action reads :data:`ACTIONS`: the rules language
 (:mod:`rlpulse.rules.model` builds each action's parameter model from it), the trainer's
-screening (:mod:`rlpulse.producers.screening`), ``rlpulse control send`` and the exporter's
+screening (:mod:`rlpulse.producers.control.screening`), ``rlpulse control send`` and the exporter's
 alerts. Adding an action is one declaration here plus its handler in the integrations that
 can carry it out; a trainer acks an action it has no handler for ``rejected``.
 

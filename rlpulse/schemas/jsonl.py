@@ -40,7 +40,7 @@ from types import TracebackType
 from typing import Any, Final, TypeGuard
 
 from rlpulse.schemas.records import TrainerEvent
-from rlpulse.schemas.validation import stage_problem
+from rlpulse.schemas.validation import metric_number, stage_problem
 
 __all__ = [
     "DEFAULT_COMPONENT",
@@ -51,6 +51,7 @@ __all__ = [
     "RankLogWriter",
     "RankRecord",
     "list_rank_files",
+    "metrics_line",
     "number_fields",
     "parse_rank_file",
     "rank_log_path",
@@ -218,33 +219,27 @@ class RankLogWriter:
 
         ``timestamp_ns`` (default: now) and ``hostname`` (default: the writer's) may be
         given in ``extra``; other extras are written as they are (JSON-serialisable values;
-        ``attempt=N`` spares readers inferring the attempt). Metric values are stored as
-        floats; names of TrainerEvent fields are refused as metric names, and an extra may
-        not repeat a metric. Raises ``ValueError`` (``TypeError`` for values JSON cannot
-        hold) before anything is written.
+        ``attempt=N`` spares readers inferring the attempt). The line is
+        :func:`metrics_line`'s, with its rules: metric values are stored as floats; names of
+        TrainerEvent fields are refused as metric names, and an extra may not repeat a metric.
+        Raises ``ValueError`` (``TypeError`` for values JSON cannot hold) before anything is
+        written.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
-        problem = stage_problem(stage)
-        if problem is not None:
-            raise ValueError(problem.detail)
-        line: dict[str, Any] = {"stage": stage, "step": step, "rank": self.rank}
-        for name, value in metrics.items():
-            if not isinstance(name, str) or name in EVENT_FIELDS:
-                raise ValueError(f"{name!r} cannot be a metric name (reserved or not a str)")
-            line[name] = _as_float(name, value)
         if "rank" in extra:
             raise ValueError("rank is the writer's; make one RankLogWriter per rank")
-        clashes = sorted(set(extra) & set(metrics))
-        if clashes:
-            raise ValueError(f"extra fields {clashes} repeat metric names")
         timestamp = extra.pop("timestamp_ns", None)
         if timestamp is not None and not _is_int(timestamp):
             raise ValueError(f"timestamp_ns must be an int (ns since the epoch), got {timestamp!r}")
-        line["timestamp_ns"] = time.time_ns() if timestamp is None else timestamp
-        line["hostname"] = extra.pop("hostname", self.hostname)
-        line["pid"] = extra.pop("pid", self.pid)
-        line.update(extra)
+        line = metrics_line(
+            step,
+            stage,
+            self.rank,
+            metrics,
+            timestamp_ns=time.time_ns() if timestamp is None else timestamp,
+            hostname=extra.pop("hostname", self.hostname),
+            pid=extra.pop("pid", self.pid),
+            extra=extra,
+        )
         text = json.dumps(line, separators=(",", ":")) + "\n"
         with self._lock:
             self._file.write(text)
@@ -266,13 +261,53 @@ class RankLogWriter:
         self.close()
 
 
+def metrics_line(
+    step: int,
+    stage: str,
+    rank: int,
+    metrics: Mapping[str, object],
+    *,
+    timestamp_ns: int,
+    hostname: str,
+    pid: int,
+    extra: Mapping[str, Any],
+) -> dict[str, Any]:
+    """One metrics line of a rank file, as both writers of the layout make it.
+
+    ``stage``, ``step``, ``rank``, the metrics as floats, ``timestamp_ns``, ``hostname``,
+    ``pid``, then ``extra`` (``attempt``, ``run_id``, ...). Raises ``ValueError`` for a line
+    a reader could not read back as it was meant: a step below 0, a stage the worker refuses,
+    a metric that is not a number, a metric named like a TrainerEvent field
+    (:data:`EVENT_FIELDS`: a reader takes it for the line's own field), or an extra that
+    repeats a metric. :class:`RankLogWriter` raises it to its caller; a logger's local file
+    (``rlpulse.producers.caller.rankfiles``) leaves the line out, counted and warned once,
+    because ``log()`` never raises.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    problem = stage_problem(stage)
+    if problem is not None:
+        raise ValueError(problem.detail)
+    line: dict[str, Any] = {"stage": stage, "step": step, "rank": rank}
+    for name, value in metrics.items():
+        if not isinstance(name, str) or name in EVENT_FIELDS:
+            raise ValueError(f"{name!r} cannot be a metric name (reserved or not a str)")
+        line[name] = _as_float(name, value)
+    clashes = sorted(name for name in extra if name in metrics)
+    if clashes:
+        raise ValueError(f"extra fields {clashes} repeat metric names")
+    line["timestamp_ns"] = timestamp_ns
+    line["hostname"] = hostname
+    line["pid"] = pid
+    line.update(extra)
+    return line
+
+
 def _as_float(name: str, value: object) -> float:
-    if isinstance(value, str | bytes | bytearray):
+    number = metric_number(value)
+    if number is None:
         raise ValueError(f"metric {name!r} must be a number, got {value!r}")
-    try:
-        return float(value)  # type: ignore[arg-type]  # ints, numpy scalars, 1-element tensors
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"metric {name!r} must be a number, got {value!r}") from None
+    return number
 
 
 # -- reader ----------------------------------------------------------------------------------
@@ -339,7 +374,7 @@ def read_rank_file(file: RankFile) -> Iterator[RankRecord | MalformedLine]:
 
     Malformed besides bad JSON: ``step`` missing or not an int >= 0, ``stage`` not a
     non-empty string without ``|``, ``rank`` other than the file's, ``timestamp_ns`` not
-    an int. Log record lines (``"kind": "log"``, see :mod:`rlpulse.producers.rankfiles`)
+    an int. Log record lines (``"kind": "log"``, see :mod:`rlpulse.producers.caller.rankfiles`)
     are not metrics and are skipped.
     """
     for item in read_json_lines(file.path):

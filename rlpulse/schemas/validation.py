@@ -21,6 +21,7 @@ __all__ = [
     "EventProblem",
     "count_problem",
     "event_problem",
+    "metric_number",
     "name_problem",
     "position_problem",
     "run_problem",
@@ -55,6 +56,22 @@ def _invalid(code: str, detail: str) -> EventProblem:
 
 def _too_large(code: str, detail: str) -> EventProblem:
     return EventProblem("too_large", code, detail)
+
+
+def metric_number(value: object) -> float | None:
+    """A metric's value as a float, or None when it is not a number.
+
+    A number is what ``float()`` takes, text aside: ints, floats, bools, numpy scalars,
+    one-element tensors (NaN and infinities kept). Strings, bytes, None, arrays of several
+    elements and other objects are not. Every writer of metrics on the trainer side (``log()``,
+    the logging handler, the framework integrations, the per-rank JSON Lines writer) asks this.
+    """
+    if value is None or isinstance(value, str | bytes | bytearray):  # float() takes "1.5"
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+        return None
 
 
 def stage_problem(stage: object) -> EventProblem | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlpulse.producers import EventHandler, EventLogger, SamplingFilter, Settings
-from rlpulse.producers.sampling import keeps_trace
+from rlpulse.producers.caller.sampling import keeps_trace
 
 REPO = Path(__file__).resolve().parents[2]
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from rlpulse.cli import app
 from rlpulse.producers import ControlClient
+from rlpulse.producers.control.screening import command_problem
 from rlpulse.producers.integrations.commands import alert, apply_command
-from rlpulse.producers.screening import command_problem
 from rlpulse.rules.exceptions import RulesFileError
 from rlpulse.rules.loader import parse_rules
 from rlpulse.schemas import actions

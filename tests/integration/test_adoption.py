@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.producers.wal import logs_under
+from rlpulse.producers.delivery.wal import logs_under
 from rlpulse.schemas.topics import Topics
 from tests.integration.test_producer_faults import events_on_topic, log_records_on_topic
 

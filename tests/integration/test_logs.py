@@ -30,7 +30,7 @@ from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import ControlClient, Settings
-from rlpulse.producers.sampling import keeps_trace
+from rlpulse.producers.caller.sampling import keeps_trace
 from rlpulse.schemas.jsonl import RankRecord, list_rank_files, read_rank_logs
 from rlpulse.schemas.topics import Topics
 from tests.integration.archive_location import KINDS, ArchiveLocation

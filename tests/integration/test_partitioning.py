@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlpulse.producers.control import ControlClient
+from rlpulse.producers.control.client import ControlClient
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck
 from rlpulse.schemas.topics import Topics

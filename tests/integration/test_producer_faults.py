@@ -35,7 +35,7 @@ from rlpulse.local.broker import LocalBroker
 from rlpulse.local.child_process import free_port
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger, Settings
-from rlpulse.producers.wal import logs_under
+from rlpulse.producers.delivery.wal import logs_under
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import LogRecord, StepSummary, TrainerEvent
 from rlpulse.schemas.topics import Topics
@@ -413,7 +413,7 @@ SUCCESSOR = """
 import sys, time
 from pathlib import Path
 from rlpulse.producers import EventLogger, Settings
-from rlpulse.producers.wal import logs_under
+from rlpulse.producers.delivery.wal import logs_under
 
 bootstrap, prefix, spool, run_id = sys.argv[1:5]
 settings = Settings(bootstrap=bootstrap, prefix=prefix, producer={"spool_dir": Path(spool)})

@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from rlpulse.producers import ControlClient, EventHandler, EventLogger, RunLink, Settings
-from rlpulse.producers.replay import replay_logs
-from rlpulse.producers.wal import logs_under
+from rlpulse.producers.delivery.replay import replay_logs
+from rlpulse.producers.delivery.wal import logs_under
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand
 from rlpulse.schemas.topics import Topics

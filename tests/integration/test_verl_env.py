@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from rlpulse.local.child_process import free_port
+from rlpulse.producers.caller.trace import TRACE_ENV
 from rlpulse.producers.integrations import verl_env
-from rlpulse.producers.trace import TRACE_ENV
 
 pytestmark = [pytest.mark.slow]
 

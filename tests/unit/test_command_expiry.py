@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlpulse.ops.commands import action, operator_command
-from rlpulse.producers.link import expiry
+from rlpulse.producers.caller.link import expiry
 from rlpulse.schemas.records import Action, ControlCommand
 
 

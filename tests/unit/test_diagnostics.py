@@ -48,7 +48,7 @@ def test_warnings_reach_stderr_with_the_event_handler_on_the_root_logger(tmp_pat
     assert "refused {'negative_step': 1}" in result.stdout
     refusals = [line for line in result.stderr.splitlines() if "was not sent" in line]
     assert len(refusals) == 1, result.stderr
-    assert refusals[0].startswith("WARNING rlpulse.producers.logger: run run-a rank 0")
+    assert refusals[0].startswith("WARNING rlpulse.producers.caller.logger: run run-a rank 0")
     assert "a trainer's own warning" not in result.stderr  # the user's records: the handler's
 
 

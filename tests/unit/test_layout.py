@@ -5,7 +5,7 @@ The layers are docs/design.md's table, read from the file: the doc is the contra
 The card's top-level folders (schemas/, producers/, rules/, streams/) are links to the real
 packages under rlpulse/; importing them under their bare names must fail instead of loading
 a second copy of the same files. The parts of rlpulse import each other only downwards, with
-no cycle.
+no cycle; so do the rooms of rlpulse.producers, by the doc's second table.
 """
 
 from __future__ import annotations
@@ -32,30 +32,39 @@ CARD_FOLDERS = ("schemas", "producers", "rules", "streams")
 DESIGN = ROOT / "docs" / "design.md"
 
 
-def layering_table() -> dict[str, set[str]]:
-    """Each part and the parts it may import (besides itself): docs/design.md's table."""
+def layering_table(package: str = "rlpulse") -> dict[str, set[str]]:
+    """Each part of ``package`` and the parts it may import (besides itself): docs/design.md's.
+
+    A row names its part as `<package>.<part>`; the parts of rlpulse and the rooms of
+    rlpulse.producers are two tables of the same shape.
+    """
     table: dict[str, set[str]] = {}
     for line in DESIGN.read_text().splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) != 4 or not cells[0].startswith("`rlpulse."):
+        if len(cells) != 4 or not cells[0].startswith(f"`{package}."):
             continue
-        part = cells[0].strip("`").removeprefix("rlpulse.")
+        part = cells[0].strip("`").removeprefix(f"{package}.")
+        if "." in part:
+            continue  # a row of a deeper table
         table[part] = {name.strip() for name in cells[2].split(",")} - {"—", ""}
     return table
 
 
 ALLOWED = layering_table()
+PRODUCERS = PACKAGE / "producers"
+ROOMS = layering_table("rlpulse.producers")
 
 
-def part_of(module: str) -> str | None:
-    parts = module.split(".")
-    if parts[0] != "rlpulse" or len(parts) < 2:
+def part_of(module: str, package: str = "rlpulse") -> str | None:
+    """The part of ``package`` that ``module`` belongs to (None: outside, or the package)."""
+    prefix, parts = package.split("."), module.split(".")
+    if parts[: len(prefix)] != prefix or len(parts) <= len(prefix):
         return None
-    return parts[1]
+    return parts[len(prefix)]
 
 
-def module_files() -> list[Path]:
-    return sorted(path for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts)
+def module_files(root: Path = PACKAGE) -> list[Path]:
+    return sorted(path for path in root.rglob("*.py") if "__pycache__" not in path.parts)
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -117,24 +126,30 @@ def test_every_module_loads_under_one_name_and_one_path() -> None:
         assert PACKAGE in path.parents, f"{name} comes from {path}"
 
 
-def test_parts_import_only_downwards() -> None:
+def import_problems(package: str, table: dict[str, set[str]]) -> list[str]:
+    """Each import by a module of ``package`` of a part of it that its part's row does not name."""
     problems = []
-    for path in module_files():
+    for path in module_files(ROOT.joinpath(*package.split("."))):
         relative = path.relative_to(ROOT).with_suffix("")
-        importer = part_of(".".join(relative.parts))
+        importer = part_of(".".join(relative.parts), package)
         if importer is None or importer in {"__init__", "__main__"}:
             continue
-        assert importer in ALLOWED, f"{path}: part {importer!r} is not in the layering table"
+        assert importer in table, f"{path}: {importer!r} is not in the table of {package}"
         for module in imported_modules(path):
-            imported = part_of(module)
+            imported = part_of(module, package)
             if imported is None or imported == importer:
                 continue
-            if imported not in ALLOWED[importer]:
-                problems.append(f"{relative}: rlpulse.{importer} imports {module}")
-    assert problems == []
+            if imported not in table[importer]:
+                problems.append(f"{relative}: {package}.{importer} imports {module}")
+    return problems
 
 
-def test_the_layering_table_has_no_cycle() -> None:
+def test_parts_import_only_downwards() -> None:
+    assert import_problems("rlpulse", ALLOWED) == []
+
+
+@pytest.mark.parametrize("table", [ALLOWED, ROOMS], ids=["parts", "producer rooms"])
+def test_the_layering_table_has_no_cycle(table: dict[str, set[str]]) -> None:
     seen: dict[str, int] = {}  # 1 = on the stack, 2 = done
 
     def visit(part: str) -> None:
@@ -143,12 +158,34 @@ def test_the_layering_table_has_no_cycle() -> None:
         if state == 2:
             return
         seen[part] = 1
-        for other in ALLOWED[part]:
+        for other in table[part]:
             visit(other)
         seen[part] = 2
 
-    for part in ALLOWED:
+    for part in table:
         visit(part)
+
+
+def test_producer_rooms_import_only_the_rooms_their_row_names() -> None:
+    assert import_problems("rlpulse.producers", ROOMS) == []
+    through_the_face = [  # rlpulse.producers itself imports every room
+        path.relative_to(ROOT)
+        for path in module_files(PRODUCERS)
+        if path != PRODUCERS / "__init__.py" and "rlpulse.producers" in imported_modules(path)
+    ]
+    assert through_the_face == []
+
+
+def test_the_rooms_table_names_every_room_and_only_rooms() -> None:
+    rooms = {
+        path.stem
+        for path in PRODUCERS.iterdir()
+        if (path.is_dir() and (path / "__init__.py").exists())
+        or (path.suffix == ".py" and path.stem != "__init__")
+    }
+    assert set(ROOMS) == rooms
+    for room, allowed in ROOMS.items():
+        assert allowed <= set(ROOMS), f"{room} may import an unknown room: {allowed - set(ROOMS)}"
 
 
 def test_the_linter_sees_every_module_once_under_rlpulse() -> None:

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlpulse.producers.fields import LogFields
-from rlpulse.producers.log_wire import (
+from rlpulse.producers.encoding.events import zigzag
+from rlpulse.producers.encoding.fields import LogFields
+from rlpulse.producers.encoding.logs import (
     LogEncoder,
     LogSource,
     TimestampVarint,
     fit_text,
 )
-from rlpulse.producers.wire import zigzag
 from rlpulse.schemas import default_codec
 from tests.schema_change import codec_with_new_field
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rlpulse.producers import EventHandler, ProducerClosedError
-from rlpulse.producers.fields import EventFields, LogFields
+from rlpulse.producers.encoding.fields import EventFields, LogFields
 
 
 class Sink:
@@ -100,7 +100,7 @@ def test_a_dict_without_step_or_stage_takes_the_defaults(
 def test_rlpulse_own_records_are_ignored() -> None:
     sink = Sink()
     handler = EventHandler(sink)
-    for name in ("rlpulse", "rlpulse.producers.sender"):
+    for name in ("rlpulse", "rlpulse.producers.delivery.sender"):
         handler.handle(logging.LogRecord(name, logging.WARNING, __file__, 1, "x", None, None))
     handler.handle(logging.LogRecord("rlpulsex", logging.WARNING, __file__, 1, "y", None, None))
     assert [e["message"] for e in sink.events] == ["y"]

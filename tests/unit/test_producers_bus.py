@@ -26,8 +26,13 @@ from rlpulse.producers import (
     StopRequested,
     single_process_broadcast,
 )
-from rlpulse.producers.attempts import ATTEMPT_FILE, read_attempt, resume_attempt, write_attempt
-from rlpulse.producers.bus import Broadcast
+from rlpulse.producers.caller.attempts import (
+    ATTEMPT_FILE,
+    read_attempt,
+    resume_attempt,
+    write_attempt,
+)
+from rlpulse.producers.control.bus import Broadcast
 from rlpulse.schemas.records import Action, ControlCommand
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from rlpulse.producers import (
     RunLink,
     Settings,
 )
-from rlpulse.producers.wal import LogMeta, unsent_frames
+from rlpulse.producers.delivery.wal import LogMeta, unsent_frames
 from rlpulse.schemas.records import ControlCommand
 from rlpulse.transport import clients as clients_module
 from rlpulse.transport.exceptions import ClientConfigError

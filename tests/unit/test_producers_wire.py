@@ -5,15 +5,19 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpulse.producers import InvalidFieldError
-from rlpulse.producers.fields import EventFields
-from rlpulse.producers.wire import EventEncoder, EventSource, zigzag
+from rlpulse.producers.encoding.events import EventEncoder, EventSource, metric_value, zigzag
+from rlpulse.producers.encoding.fields import EventFields
+from rlpulse.producers.integrations.metrics import numeric_metrics
 from rlpulse.schemas.codec import default_codec
+from rlpulse.schemas.jsonl import RankLogWriter
 from rlpulse.schemas.records import EventKind
+from rlpulse.schemas.validation import metric_number
 from rlpulse.settings import EventLimits
 from tests.schema_change import codec_with_new_field
 
@@ -146,3 +150,37 @@ def test_zigzag_matches_avro(number: int) -> None:
             expected.append(byte)
             break
     assert zigzag(number) == bytes(expected)
+
+
+NUMBERS_AND_NOT = [
+    (1, 1.0),
+    (2.5, 2.5),
+    (True, 1.0),
+    (numpy.float32(0.5), 0.5),
+    (numpy.int64(7), 7.0),
+    (numpy.array(3.0), 3.0),
+    (math.inf, math.inf),
+    ("1.5", None),
+    (b"1", None),
+    (bytearray(b"1"), None),
+    (None, None),
+    ([1.0], None),
+    (numpy.array([1.0, 2.0]), None),
+    (object(), None),
+]
+
+
+@pytest.mark.parametrize(("value", "number"), NUMBERS_AND_NOT)
+def test_every_metrics_writer_takes_the_same_numbers(
+    value: object, number: float | None, tmp_path: Path
+) -> None:
+    """``log()``, the logging handler, the integrations and the per-rank file: one rule."""
+    assert metric_number(value) == number
+    if number is None:
+        with pytest.raises(InvalidFieldError):
+            metric_value("m", value)
+        with RankLogWriter(tmp_path, "c", 0) as writer, pytest.raises(ValueError, match="'m'"):
+            writer.write(1, "s", {"m": value})  # type: ignore[dict-item]
+    else:
+        assert metric_value("m", value) == number
+    assert numeric_metrics({"m": value}) == ({} if number is None else {"m": number})

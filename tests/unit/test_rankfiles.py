@@ -8,9 +8,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from rlpulse.producers import EventHandler, EventLogger
-from rlpulse.producers.rankfiles import RankFileSink, rotated_files
-from rlpulse.schemas.jsonl import RankRecord, list_rank_files, read_rank_logs
+from rlpulse.producers.caller.rankfiles import RankFileSink, rotated_files
+from rlpulse.schemas.jsonl import RankLogWriter, RankRecord, list_rank_files, read_rank_logs
 from rlpulse.settings import load_settings
 
 
@@ -98,3 +100,31 @@ def test_an_event_logger_writes_events_and_records_readers_tell_apart(tmp_path: 
     assert [(m.step, m.metrics) for m in metrics] == [
         (s, {"reward_mean": 1.0 + s}) for s in range(3)
     ]
+
+
+def test_a_line_the_layout_cannot_hold_is_left_out_counted_and_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The logger's rule is RankLogWriter's: a metric named like a line's field is refused."""
+    settings = load_settings(
+        {
+            "bootstrap": "127.0.0.1:1",
+            "producer": {"spool_dir": tmp_path / "spool"},
+            "logging": {"log_dir": tmp_path / "logs"},
+        }
+    )
+    logger = EventLogger("run-1", settings=settings)
+    with caplog.at_level(logging.WARNING, logger="rlpulse"):
+        logger.log({"loss": 1.0}, 1)
+        logger.log({"loss": 2.0, "hostname": 3.0}, 2)  # sent, but no line could hold it
+        logger.log({"loss": 3.0, "seq": 4.0}, 3)
+        logger.log({"loss": 4.0}, 4)
+    assert logger.local is not None and logger.local.flush(10)
+    logger.close(timeout_s=0)
+    assert logger.logged == 4 and logger.refused == {}
+    assert logger.local.refused == 2
+    assert [line["step"] for line in lines_of([logger.local.path])] == [1, 4]
+    warned = [r.getMessage() for r in caplog.records if "is not written to" in r.getMessage()]
+    assert len(warned) == 1 and "'hostname' cannot be a metric name" in warned[0]
+    with RankLogWriter(tmp_path / "direct", "trainer", 0) as writer, pytest.raises(ValueError):
+        writer.write(2, "trainer", {"loss": 2.0, "hostname": 3.0})

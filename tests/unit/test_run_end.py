@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from rlpulse.producers import RunLink, Settings, StopRequested
-from rlpulse.producers.ending import CLOSED, FINISHED, RunEnding, exited, stopped_by
-from rlpulse.producers.log_wire import batch_body
-from rlpulse.producers.wal import EVENT, LOG, WalReader, read_source
+from rlpulse.producers.caller.ending import CLOSED, FINISHED, RunEnding, exited, stopped_by
+from rlpulse.producers.delivery.wal import EVENT, LOG, WalReader, read_source
+from rlpulse.producers.encoding.logs import batch_body
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import ControlCommand, LogRecord, TrainerEvent
 from rlpulse.settings import ProducerSettings

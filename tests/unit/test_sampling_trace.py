@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from rlpulse.producers import SamplingFilter, current_trace_id, new_trace_id, trace
-from rlpulse.producers.sampling import RATE_ATTR, SAMPLED_OUT_ATTR, keeps_trace
-from rlpulse.producers.trace import TRACE_ENV, parse_trace_context
+from rlpulse.producers.caller.sampling import RATE_ATTR, SAMPLED_OUT_ATTR, keeps_trace
+from rlpulse.producers.caller.trace import TRACE_ENV, parse_trace_context
 
 
 def record(level: int, msg: object = "m %s", trace_id: str | None = None) -> logging.LogRecord:

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlpulse.ops.commands import action, operator_command
+from rlpulse.producers.control.screening import command_problem
 from rlpulse.producers.integrations.commands import apply_command
-from rlpulse.producers.screening import command_problem
 from rlpulse.rules.loader import list_presets, load_preset
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import ControlCommand

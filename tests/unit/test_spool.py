@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from rlpulse.cli import app
 from rlpulse.producers import EventLogger, Settings
-from rlpulse.producers.spool import (
+from rlpulse.producers.delivery.spool import (
     ADOPTED,
     DEAD,
     LIVE,
@@ -30,7 +30,7 @@ from rlpulse.producers.spool import (
     list_spool,
     send_spool,
 )
-from rlpulse.producers.wal import LogMeta, WalClaim
+from rlpulse.producers.delivery.wal import LogMeta, WalClaim
 from rlpulse.settings import ProducerSettings
 
 UNREACHABLE = "127.0.0.1:1"

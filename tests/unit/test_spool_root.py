@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlpulse.producers.spool_root import filesystem_type, node_local_default, resolve_spool_root
-from rlpulse.producers.wal import run_wal_dir
+from rlpulse.producers.delivery.spool_root import (
+    filesystem_type,
+    node_local_default,
+    resolve_spool_root,
+)
+from rlpulse.producers.delivery.wal import run_wal_dir
 from rlpulse.settings import Settings
 
 

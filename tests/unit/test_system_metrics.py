@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import time
 
-from rlpulse.producers.system import GpuProbe, sample_process
+from rlpulse.producers.caller.system import GpuProbe, sample_process
 
 
 def test_a_process_sample_has_cpu_seconds_that_grow_and_the_resident_memory() -> None:

@@ -179,8 +179,8 @@ def test_the_plugin_hooks_verls_workers_and_trainers() -> None:
 
 def test_the_driver_binds_its_trainer_unless_rank_metrics_are_off(tmp_path: Path) -> None:
     from rlpulse.producers import RunLink
+    from rlpulse.producers.caller.logging_handler import EventHandler
     from rlpulse.producers.integrations.verl import VerlSettings
-    from rlpulse.producers.logging_handler import EventHandler
     from rlpulse.settings import ProducerSettings, Settings
 
     class Trainer:

@@ -10,7 +10,14 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpulse.producers.wal import (
+from rlpulse.producers.delivery.adoption import (
+    DeadLog,
+    PassedLog,
+    claim_dead_logs,
+    look_for_dead_logs,
+)
+from rlpulse.producers.delivery.shipper import LogShipper
+from rlpulse.producers.delivery.wal import (
     EVENT,
     HEADER,
     LOG,
@@ -22,10 +29,12 @@ from rlpulse.producers.wal import (
     WalWriter,
     logs_under,
     position,
+    read_source,
     segment_of,
     segments,
     unsent_frames,
 )
+from rlpulse.producers.encoding.logs import batch_body
 
 
 def a_writer(directory: Path, segment_bytes: int = 4096, max_bytes: int = 1 << 20) -> WalWriter:
@@ -151,11 +160,64 @@ def test_a_claim_is_held_until_its_process_dies(tmp_path: Path) -> None:
 HOLD = """
 import sys, time
 from pathlib import Path
-from rlpulse.producers.wal import WalClaim
-from rlpulse.producers.wal import LogMeta, WalWriter
+from rlpulse.producers.delivery.wal import WalClaim
+from rlpulse.producers.delivery.wal import LogMeta, WalWriter
 directory = Path(sys.argv[1])
 writer = WalWriter(LogMeta(directory, "r", "p-2", "e", "l", 0), segment_bytes=4096, max_bytes=8192)
 writer.append(1, 0, b"x")
 print("held", flush=True)
 time.sleep(60)
 """
+
+
+class RecordingProducer:
+    """Takes every message; delivers none (what a shipper hands to librdkafka)."""
+
+    def __init__(self) -> None:
+        self.values: list[bytes] = []
+
+    def produce(self, topic: str, value: bytes, key: bytes, **kwargs: object) -> None:
+        self.values.append(value)
+
+
+def test_a_live_log_builds_its_batches_from_the_head_it_wrote_not_the_file(tmp_path: Path) -> None:
+    writer = a_writer(tmp_path / "log")
+    writer.write_source(b"HEAD")
+    assert writer.source == b"HEAD" == read_source(tmp_path / "log")  # for whoever comes next
+    writer.append(LOG, 0, b"entry")
+    (tmp_path / "log" / "source").unlink()  # this process does not read it back
+    shipper = LogShipper(writer.meta, lambda: None, batch_max_bytes=1 << 20, writer=writer)  # type: ignore[arg-type,return-value]
+    producer = RecordingProducer()
+    shipper.step(producer)  # type: ignore[arg-type]
+    assert producer.values == [b"HEAD" + batch_body([b"entry"])]
+    shipper.close(delete=False)
+    writer.close()
+
+
+def test_one_look_claims_the_dead_logs_and_says_why_it_passed_the_others(tmp_path: Path) -> None:
+    """What a logger's adoption and ``rlpulse replay`` both go through: look_for_dead_logs."""
+    run = tmp_path / "run"
+    writers = {}
+    hosts = {"dead": "node-1", "elsewhere": "node-2", "live": "node-1", "bare": "node-1"}
+    for name, host in hosts.items():
+        meta = LogMeta(run / name, "run-a", name, "t.events", "t.logs", time.time_ns(), host)
+        writers[name] = writer = WalWriter(meta, segment_bytes=4096, max_bytes=1 << 20)
+        writer.append(EVENT, 0, b"x")
+    (run / "bare" / "meta.json").unlink()
+    for name in ("dead", "elsewhere", "bare"):  # their processes are gone
+        claim = writers[name].claim
+        assert claim is not None
+        writers[name].close()
+        claim.release()
+    found = list(look_for_dead_logs(logs_under(run), "node-1"))
+    claimed = [item for item in found if isinstance(item, DeadLog)]
+    passed = [(item.path.name, item.reason) for item in found if isinstance(item, PassedLog)]
+    assert [dead.meta.producer_id for dead in claimed] == ["dead"]
+    assert passed == [("bare", "no meta"), ("elsewhere", "other host"), ("live", "held")]
+    assert list(claim_dead_logs(run, "node-1")) == []  # "dead" is claimed by the look above
+    claimed[0].claim.release()
+    assert list(claim_dead_logs(run, "node-1", skip={run / "dead"})) == []
+    [again] = claim_dead_logs(run, "node-1")
+    assert again.meta.producer_id == "dead"
+    again.claim.release()
+    writers["live"].close()

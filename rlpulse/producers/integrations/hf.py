@@ -59,8 +59,10 @@ from transformers import (
     TrainingArguments,
 )
 
-from rlpulse.producers.bus import Broadcast
-from rlpulse.producers.ending import FINISHED, stopped_by
+from rlpulse.producers.caller.ending import FINISHED, stopped_by
+from rlpulse.producers.caller.link import RunLink
+from rlpulse.producers.caller.logging_handler import EventHandler
+from rlpulse.producers.control.bus import Broadcast
 from rlpulse.producers.exceptions import InvalidValueError
 from rlpulse.producers.integrations.canonical import (
     TRL_NAMES,
@@ -78,8 +80,6 @@ from rlpulse.producers.integrations.exceptions import ActionRejectedError, Integ
 from rlpulse.producers.integrations.metrics import numeric_metrics
 from rlpulse.producers.integrations.torch_dist import torch_broadcast
 from rlpulse.producers.integrations.trl_ranks import TrlRankMetrics
-from rlpulse.producers.link import RunLink
-from rlpulse.producers.logging_handler import EventHandler
 from rlpulse.schemas.records import Action, ControlCommand
 from rlpulse.settings import Settings
 

@@ -40,7 +40,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlpulse.exceptions import SettingsError
-from rlpulse.producers.ending import exited, stopped_by
+from rlpulse.producers.caller.ending import exited, stopped_by
+from rlpulse.producers.caller.link import RunLink
 from rlpulse.producers.integrations import verl_workers
 from rlpulse.producers.integrations.canonical import VERL_NAMES, canonical_metrics
 from rlpulse.producers.integrations.commands import (
@@ -55,7 +56,6 @@ from rlpulse.producers.integrations.metrics import numeric_metrics
 from rlpulse.producers.integrations.verl_env import EXTERNAL_MODULES_ENV, with_plugin
 from rlpulse.producers.integrations.verl_env import install as install_runtime_env
 from rlpulse.producers.integrations.verl_trainer import VerlTrainerActions, is_verl_trainer
-from rlpulse.producers.link import RunLink
 from rlpulse.schemas.records import Action, ControlCommand
 from rlpulse.settings import Settings, load_settings
 

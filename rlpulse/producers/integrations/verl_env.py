@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from rlpulse.producers.trace import TRACE_ENV, new_trace_id, parse_trace_context
+from rlpulse.producers.caller.trace import TRACE_ENV, new_trace_id, parse_trace_context
 from rlpulse.settings import ENV_PREFIX, Settings
 
 __all__ = ["PLUGIN_MODULE", "install", "with_plugin", "worker_env"]

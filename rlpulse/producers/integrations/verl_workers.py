@@ -21,7 +21,7 @@ them before the driver's ``fit()`` builds its ``Tracking``, and they keep the en
 they started with. The context holds the run id, its attempt, the step and the rlpulse
 settings of the verl config's ``rlpulse`` block (never secrets: those come only from the
 environment, which each process reads itself). A rank publishes through one
-:class:`~rlpulse.producers.logger.EventLogger` per (run, attempt, role) in its process,
+:class:`~rlpulse.producers.caller.logger.EventLogger` per (run, attempt, role) in its process,
 built with the first update (no network before), closed at exit; with it, rlpulse's
 logging handler is attached to the process's root logger, so verl's own records and the
 user's go to ``<prefix>.logs`` with run, rank, role, host and pid from then on (and, with
@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from rlpulse.producers.caller.logger import EventLogger
+from rlpulse.producers.caller.logging_handler import EventHandler
 from rlpulse.producers.integrations.after_import import when_imported
-from rlpulse.producers.integrations.metrics import number
-from rlpulse.producers.logger import EventLogger
-from rlpulse.producers.logging_handler import EventHandler
+from rlpulse.schemas.validation import metric_number
 from rlpulse.settings import load_settings
 
 log = logging.getLogger(__name__)
@@ -207,10 +207,10 @@ def take_context(data: Any) -> RunContext | None:
 
 
 def _number(value: object) -> float | None:
-    """``number(value)``, without its slow protocol check for the floats verl hands over."""
+    """``metric_number(value)``, with a fast path for the floats verl hands over."""
     if isinstance(value, float | int) and not isinstance(value, bool):
         return float(value)
-    return number(value)
+    return metric_number(value)
 
 
 def _numbers(items: Any) -> list[float]:

@@ -1,6 +1,6 @@
 """What a topic already holds of one producer's records: read back before sending again.
 
-A producer's write-ahead log (:mod:`rlpulse.producers.wal`) records the last message Kafka
+A producer's write-ahead log (:mod:`rlpulse.producers.delivery.wal`) records the last message Kafka
 acknowledged on each topic. Anything sent after it — by a process killed before it saw the
 acknowledgement, or a delivery that timed out on the client but reached the log — may be on
 the topic or not. Before such records are sent again, the run's partition is read from just

@@ -6,13 +6,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from rlpulse.producers.attempts import resume_attempt, write_attempt
-from rlpulse.producers.bus import Broadcast, CommandBus
-from rlpulse.producers.control import ControlClient
-from rlpulse.producers.ending import CLOSED, FINISHED, RunEnding, stopped_by
+from rlpulse.producers.caller.attempts import resume_attempt, write_attempt
+from rlpulse.producers.caller.ending import CLOSED, FINISHED, RunEnding, stopped_by
+from rlpulse.producers.caller.logger import EventLogger
+from rlpulse.producers.caller.system import SystemSampler
+from rlpulse.producers.control.bus import Broadcast, CommandBus
+from rlpulse.producers.control.client import ControlClient
 from rlpulse.producers.exceptions import EXIT_STOPPED_BY_RULE, StopRequested
-from rlpulse.producers.logger import EventLogger
-from rlpulse.producers.system import SystemSampler
 from rlpulse.schemas.records import AckStatus, ControlCommand
 from rlpulse.settings import Settings
 
@@ -52,13 +52,13 @@ class RunLink:
 
     Every step, on every rank: ``link.log(...)``; ``link.poll_commands()`` (rank 0
     polls, the ``broadcast`` function hands the same commands to every rank — a
-    collective, see :mod:`rlpulse.producers.bus`); apply each command, then
+    collective, see :mod:`rlpulse.producers.control.bus`); apply each command, then
     ``link.ack(cmd, status=...)`` (rank 0 writes it); at the end of the step
     ``link.exit_if_stopped(step)``. ``link.close()`` at the end (also run at
     interpreter exit). Construction does no network I/O.
 
     Each run attempt ends with one ``run_end`` event, from rank 0, whose ``message`` says
-    why (:mod:`rlpulse.producers.ending`): the first of :meth:`run_end` (``training
+    why (:mod:`rlpulse.producers.caller.ending`): the first of :meth:`run_end` (``training
     finished`` unless told otherwise), :meth:`exit_if_stopped` (``stopped by command <id>
     (<rule>)``) and :meth:`close` (the stop's reason after a stop, else ``closed``) sends
     it, and no later one. A plain :meth:`close` ends the run too: it is the call at the end
@@ -68,7 +68,7 @@ class RunLink:
     silent for ``archive.audit_silent_after_s``.
 
     With ``producer.system_metrics_interval_s`` set, the link also samples its process's CPU,
-    memory and GPU from its start, in stage ``system`` (see :mod:`rlpulse.producers.system`);
+    memory and GPU from its start, in stage ``system`` (see :mod:`rlpulse.producers.caller.system`);
     those samples are not training steps, so the ``run_end`` a link sends at the last step
     is the trainer's last step whatever they number.
 
@@ -117,9 +117,9 @@ class RunLink:
         self.log_record = events.log_record
         """Publish one text log record: :meth:`EventLogger.log_record`."""
         self.log_event = events.log_event
-        """Publish one event given as :class:`~rlpulse.producers.fields.EventFields`."""
+        """Publish one event given as :class:`~rlpulse.producers.EventFields`."""
         self.log_line = events.log_line
-        """Publish one text log record given as :class:`~rlpulse.producers.fields.LogFields`."""
+        """Publish one text log record given as :class:`~rlpulse.producers.LogFields`."""
 
     @classmethod
     def resume(
@@ -135,8 +135,9 @@ class RunLink:
     ) -> RunLink:
         """A link for a process resuming ``run_id`` from ``checkpoint_dir``: a new attempt.
 
-        Rank 0 takes the next attempt (see :func:`~rlpulse.producers.attempts.resume_attempt`)
-        and ``broadcast`` hands it to every rank — a collective like :meth:`poll_commands`.
+        Rank 0 takes the next attempt (see
+        :func:`~rlpulse.producers.caller.attempts.resume_attempt`) and ``broadcast`` hands it to
+        every rank — a collective like :meth:`poll_commands`.
         """
         bus = CommandBus(rank, broadcast)
         attempt = bus.share(resume_attempt(checkpoint_dir, run_id) if rank == 0 else 0)

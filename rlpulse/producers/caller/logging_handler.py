@@ -14,7 +14,7 @@ the event's ``message``. Any other message becomes a
 :class:`~rlpulse.schemas.records.LogRecord` on ``<prefix>.logs`` (never read by the
 worker): level, logger name, the message, the formatted traceback of ``exc_info``, the
 trace id (``extra={"trace_id": ...}``, else the current trace context of
-:mod:`rlpulse.producers.trace`), the step (``extra={"step": ...}``, else the last step
+:mod:`rlpulse.producers.caller.trace`), the step (``extra={"step": ...}``, else the last step
 logged), the stage (``extra={"stage": ...}``) and every other ``extra`` field as text.
 Records of rlpulse's own loggers are ignored, so the handler can sit on the root logger
 without feeding on itself; they reach stderr through the ``rlpulse`` logger's own handler
@@ -22,11 +22,11 @@ without feeding on itself; they reach stderr through the ``rlpulse`` logger's ow
 
 The sink is anything with ``log_event(EventFields)`` and ``log_line(LogFields)``
 (:class:`EventSink`; :class:`RunLink` and :class:`EventLogger` have both): the handler hands
-each record over as one typed value (:mod:`rlpulse.producers.fields`).
+each record over as one typed value (:mod:`rlpulse.producers.encoding.fields`).
 
 Settings (``logging.*`` of the sink's settings) apply to text records only, never to
 dict (metrics) records: ``level`` is the lowest level published, ``sampling`` below 1
-samples DEBUG and INFO with a :class:`~rlpulse.producers.sampling.SamplingFilter`, and
+samples DEBUG and INFO with a :class:`~rlpulse.producers.caller.sampling.SamplingFilter`, and
 ``enabled: false`` drops them all.
 """
 
@@ -38,13 +38,13 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from rlpulse.producers.fields import EventFields, LogFields
-from rlpulse.producers.sampling import RATE_ATTR, SAMPLED_OUT_ATTR, SamplingFilter
-from rlpulse.producers.trace import current_trace_id
+from rlpulse.producers.caller.sampling import RATE_ATTR, SAMPLED_OUT_ATTR, SamplingFilter
+from rlpulse.producers.caller.trace import current_trace_id
+from rlpulse.producers.encoding.fields import EventFields, LogFields
+from rlpulse.schemas.validation import metric_number
 from rlpulse.settings import Settings
 
 _OWN_LOGGERS = "rlpulse"
-_NOT_NUMBERS = (str, bytes, bytearray)
 _PLAIN_RECORD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
     "asctime",
@@ -193,18 +193,8 @@ def _split(
         if isinstance(value, Mapping):
             _split(value, f"{name}/", metrics, others)
             continue
-        number = _as_number(value)
+        number = metric_number(value)
         if number is None:
             others[name] = value
         else:
             metrics[name] = number
-
-
-def _as_number(value: object) -> float | None:
-    """``float(value)`` for numbers (numpy scalars and one-element tensors too), else None."""
-    if value is None or isinstance(value, _NOT_NUMBERS):
-        return None
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, RuntimeError):
-        return None

@@ -7,6 +7,12 @@ metrics event is a line with ``stage``, ``step``, ``rank``, its metrics at the t
 with ``"kind": "log"`` and the fields of a :class:`~rlpulse.schemas.records.LogRecord`
 (level, logger, message, exception, trace id, host IP...), which the metrics readers skip.
 
+A metrics line is :func:`~rlpulse.schemas.jsonl.metrics_line`'s, the same as
+:class:`~rlpulse.schemas.jsonl.RankLogWriter` writes, by the same rules: a line that
+:class:`~rlpulse.schemas.jsonl.RankLogWriter` would refuse with ``ValueError`` (a metric named
+like one of the line's own fields) is left out here, counted in :attr:`RankFileSink.refused`
+with one warning, because ``log()`` never raises; the event itself is sent.
+
 The training thread only hands a line over (:meth:`RankFileSink.put`, no I/O, never
 blocks); a daemon thread turns lines into JSON, appends them, and flushes after each batch
 so that a tailing shipper (Fluent Bit) sees them within a fraction of a second. When the
@@ -89,6 +95,10 @@ class RankFileSink:
         self.queue_max = queue_max
         self.dropped = 0
         """Lines dropped because ``queue_max`` lines were waiting already."""
+        self.refused = 0
+        """Metrics lines the layout cannot hold (a metric named like one of the line's own
+        fields: :func:`~rlpulse.schemas.jsonl.metrics_line`), never handed over: its logger
+        counts them here and warns once."""
         self.written = 0
         """Lines written to the file."""
         self.deleted: list[Path] = []

@@ -25,9 +25,9 @@ import threading
 import time
 from typing import Any, Final
 
+from rlpulse.producers.caller.logger import EventLogger
+from rlpulse.producers.encoding.fields import EventFields
 from rlpulse.producers.exceptions import ProducerClosedError
-from rlpulse.producers.fields import EventFields
-from rlpulse.producers.logger import EventLogger
 
 __all__ = ["SYSTEM_STAGE", "GpuProbe", "SystemSampler", "sample_process"]
 

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import get_args
 
+from rlpulse.producers.encoding.fields import EventFields, resolved
 from rlpulse.producers.exceptions import InvalidFieldError
-from rlpulse.producers.fields import EventFields, resolved
 from rlpulse.schemas.codec import MAGIC, Codec
 from rlpulse.schemas.exceptions import EncodeError
 from rlpulse.schemas.records import EventKind, TrainerEvent
-from rlpulse.schemas.validation import EventProblem, event_problem, name_problem
+from rlpulse.schemas.validation import EventProblem, event_problem, metric_number, name_problem
 from rlpulse.settings import EventLimits
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ _KINDS: tuple[str, ...] = get_args(EventKind)  # in the order of the schema's en
 _KIND_INDEX: dict[str, bytes] = {kind: bytes([index << 1]) for index, kind in enumerate(_KINDS)}
 _DOUBLE = struct.Struct("<d").pack
 _SMALL = [bytes([(n << 1) if n >= 0 else ((-n << 1) - 1)]) for n in range(-64, 64)]
-_NOT_NUMBERS = (str, bytes, bytearray)
 _NULL = b"\x00"
 _END_OF_MAP = b"\x00"
 
@@ -76,12 +75,10 @@ def metric_value(key: object, value: object) -> float:
     """``value`` as a float; a non-str key or a non-numeric value raises, naming the key."""
     if not isinstance(key, str):
         raise InvalidFieldError("metrics", repr(key), key, "str metric names")
-    if isinstance(value, _NOT_NUMBERS):
+    number = metric_number(value)
+    if number is None:
         raise InvalidFieldError("metrics", key, value, "a number")
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, RuntimeError):
-        raise InvalidFieldError("metrics", key, value, "a number") from None
+    return number
 
 
 def metric_values(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -1,12 +1,12 @@
 """What a caller gives for one event or one text log record, as one typed value.
 
 :class:`EventFields` and :class:`LogFields` carry those fields from the public calls
-(:meth:`EventLogger.log <rlpulse.producers.logger.EventLogger.log>`,
-:meth:`~rlpulse.producers.logger.EventLogger.log_record`) to the encoders
-(:mod:`rlpulse.producers.wire`, :mod:`rlpulse.producers.log_wire`): one object instead of a
-long argument list through each layer. The fields every record of a logger shares (run,
-rank, host, ...) are the encoder's source, not these; ``seq`` and the timestamp are given
-under the logger's lock. Plain slotted classes: one is made per record, on the hot path.
+(:meth:`EventLogger.log <rlpulse.producers.caller.logger.EventLogger.log>`,
+:meth:`~rlpulse.producers.caller.logger.EventLogger.log_record`) to the encoders
+(:mod:`rlpulse.producers.encoding.events`, :mod:`rlpulse.producers.encoding.logs`): one object
+instead of a long argument list through each layer. The fields every record of a logger shares (run,
+rank, host, ...) are the encoder's source, not these; ``seq`` and the timestamp are given under the
+logger's lock. Plain slotted classes: one is made per record, on the hot path.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """rlpulse's sender thread: one logger's write-ahead log to Kafka, and what dead ones left.
 
 ``log()`` and the logging handler only append to the write-ahead log
-(:mod:`rlpulse.producers.wal`) and hand the frame over (a deque, so that this thread need not
-read the log back while all goes well); this thread does the rest, off the training thread.
+(:mod:`rlpulse.producers.delivery.wal`) and hand the frame over (a deque, so that this thread
+need not read the log back while all goes well); this thread does the rest, off the training
+thread.
 It wakes for an event at once (the control loop waits for those), every
 ``producer.batch_linger_ms`` while records come, and at once for the first record after a
 quiet spell; each time it serves the producer's delivery reports and lets each log's
-:class:`~rlpulse.producers.shipper.LogShipper` send what is new.
+:class:`~rlpulse.producers.delivery.shipper.LogShipper` send what is new.
 
 It also sends the logs that dead producers of the same run on this host left, which the
 logger's adoption thread claims and hands over (:meth:`WalSender.adopt`,
-:mod:`rlpulse.producers.adoption`): with their producers' own ids, after reading back what
+:mod:`rlpulse.producers.delivery.adoption`): with their producers' own ids, after reading back what
 already arrived; each is deleted once delivered whole. :meth:`WalSender.close` waits for
 them too.
 
@@ -30,9 +31,9 @@ from typing import Final
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from rlpulse.oncelog import WarnOnce
-from rlpulse.producers.adoption import DeadLog, DeadLogs
-from rlpulse.producers.shipper import LogShipper, ShipperCounts
-from rlpulse.producers.wal import Frame, WalWriter
+from rlpulse.producers.delivery.adoption import DeadLog, DeadLogs
+from rlpulse.producers.delivery.shipper import LogShipper, ShipperCounts
+from rlpulse.producers.delivery.wal import Frame, WalWriter
 from rlpulse.transport.topics import missing_topic, topic_exists
 
 __all__ = ["WalSender"]

@@ -3,7 +3,7 @@
 Before a command reaches the training loop the client checks it: with a signing key
 configured (``security.control_signing_key``), that it carries a valid signature and is
 not older than the lookback (:mod:`rlpulse.schemas.signing`); always, that its contents are
-sound (:mod:`rlpulse.producers.screening`). A command that fails is acked ``rejected`` with
+sound (:mod:`rlpulse.producers.control.screening`). A command that fails is acked ``rejected`` with
 the reason and never returned.
 """
 
@@ -21,7 +21,8 @@ from typing import get_args
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from rlpulse.oncelog import WarnOnce
-from rlpulse.producers.arguments import (
+from rlpulse.producers.control.screening import command_problem
+from rlpulse.producers.encoding.arguments import (
     LONG_MAX,
     LONG_MIN,
     require_int,
@@ -29,7 +30,6 @@ from rlpulse.producers.arguments import (
     string_map,
 )
 from rlpulse.producers.exceptions import InvalidValueError, ProducerClosedError
-from rlpulse.producers.screening import command_problem
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.records import AckStatus, CommandAck, ControlCommand
@@ -73,7 +73,7 @@ class ControlClient:
 
     With a signing key in ``settings.security``, a command that is unsigned, wrongly signed
     or issued before the lookback is acked ``rejected`` and not returned; so is any command
-    whose contents fail :func:`~rlpulse.producers.screening.command_problem`. Construction
+    whose contents fail :func:`~rlpulse.producers.control.screening.command_problem`. Construction
     reads the key (a :class:`~rlpulse.exceptions.SettingsError` if its file is unusable).
 
     Not thread-safe: call it from the training loop's thread (in SPMD jobs, rank 0).

@@ -1,11 +1,11 @@
 """Sending what dead producers left: ``rlpulse replay DIR`` over their write-ahead logs.
 
-A trainer's own next process on the host sends what a dead process of its run left, by
-itself (:mod:`rlpulse.producers.adoption`); ``rlpulse replay`` does it for a run that does not
-come back, with the same :class:`~rlpulse.producers.adoption.DeadLogs`: each log reads back
-what its topics already hold of the producer and sends only the rest, with the producer's own
-ids, so every record reaches its topic once, however often a replay runs. ``rlpulse spool
-send`` is the same replay over the logs this host wrote (:mod:`rlpulse.producers.spool`).
+A trainer's own next process on the host sends what a dead process of its run left, by itself
+(:mod:`rlpulse.producers.delivery.adoption`); ``rlpulse replay`` does it for a run that does not
+come back, with the same :class:`~rlpulse.producers.delivery.adoption.DeadLogs`: each log reads back
+what its topics already hold of the producer and sends only the rest, with the producer's own ids,
+so every record reaches its topic once, however often a replay runs. ``rlpulse spool send`` is the
+same replay over the logs this host wrote (:mod:`rlpulse.producers.delivery.spool`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from rlpulse.producers.adoption import DeadLog, DeadLogs, written_on
-from rlpulse.producers.wal import LogMeta, WalClaim, logs_under, unsent_frames
+from rlpulse.producers.delivery.adoption import DeadLog, DeadLogs, PassedLog, look_for_dead_logs
+from rlpulse.producers.delivery.wal import LogMeta, logs_under, unsent_frames
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
@@ -87,35 +87,25 @@ def replay_logs(
     log recorded. A log sent whole is deleted; one that is not — Kafka out of reach, a topic
     missing, not all confirmed within ``timeout_s`` — is kept, with its cause. Logs held by a
     live process are skipped; with ``host``, so are the logs another host wrote
-    (:func:`~rlpulse.producers.adoption.written_on`), as a logger's adoption skips them.
+    (:func:`~rlpulse.producers.delivery.adoption.written_on`), as a logger's adoption skips them.
     """
     report = ReplayReport()
     dead = DeadLogs(lambda: _consumer(settings), settings.logging.batch_max_bytes, "rlpulse replay")
     diagnostics = ClientDiagnostics("rlpulse replay", settings, quiet=True)
     producer = None
-    for directory in logs_under(Path(root)):
-        meta = LogMeta.read(directory)
-        if meta is None:
-            report.kept.append(
-                KeptLog(directory, unsent_frames(directory), "no readable meta.json")
-            )
+    for found in look_for_dead_logs(logs_under(Path(root)), host):
+        if isinstance(found, PassedLog):
+            _count_passed(report, found)
             continue
-        if host is not None and not written_on(meta, host):
-            report.other_hosts += 1
-            continue
+        meta, claim = found.meta, found.claim
         if prefix is not None:
             topics = Topics(prefix)
             meta = dataclasses.replace(meta, events_topic=topics.events, logs_topic=topics.logs)
-        claim = WalClaim.take(directory)
-        if claim is None:
-            report.busy_producers += 1
-            log.warning("%s: a live process holds this log and sends it itself", directory)
-            continue
         if producer is None:
             producer = trainer_producer(settings, "rlpulse replay", diagnostics)
         problem = _destination_problem(producer, diagnostics, settings, meta, timeout_s)
         if problem is not None:
-            report.kept.append(KeptLog(directory, unsent_frames(directory), problem))
+            report.kept.append(KeptLog(meta.directory, unsent_frames(meta.directory), problem))
             claim.release()
             continue
         dead.add(DeadLog(meta, claim))
@@ -132,6 +122,18 @@ def replay_logs(
     report.delivered = dead.counts.resent + dead.counts.delivered
     report.found = dead.counts.found
     return report
+
+
+def _count_passed(report: ReplayReport, passed: PassedLog) -> None:
+    """Note in ``report`` a log the replay's look did not claim."""
+    if passed.reason == "no meta":
+        records = unsent_frames(passed.path)
+        report.kept.append(KeptLog(passed.path, records, "no readable meta.json"))
+    elif passed.reason == "other host":
+        report.other_hosts += 1
+    else:
+        report.busy_producers += 1
+        log.warning("%s: a live process holds this log and sends it itself", passed.path)
 
 
 def _destination_problem(

@@ -3,7 +3,7 @@
 Both kinds share one write-ahead log, one sender thread and one ``seq`` counter, so the
 archive's audit sees a producer's every record, whichever topic it went to, as one numbered
 sequence. With ``logging.log_dir`` set, metrics events and log records are also written to
-this rank's local file (:mod:`rlpulse.producers.rankfiles`), off the training thread.
+this rank's local file (:mod:`rlpulse.producers.caller.rankfiles`), off the training thread.
 """
 
 from __future__ import annotations
@@ -26,8 +26,13 @@ from typing import get_args
 from confluent_kafka import Consumer
 
 from rlpulse.oncelog import WarnOnce
-from rlpulse.producers.adoption import claim_dead_logs
-from rlpulse.producers.arguments import (
+from rlpulse.producers.caller.rankfiles import RankFileSink
+from rlpulse.producers.delivery.adoption import claim_dead_logs
+from rlpulse.producers.delivery.sender import WalSender
+from rlpulse.producers.delivery.shipper import HANDOVER_MAX, ShipperCounts
+from rlpulse.producers.delivery.spool_root import SpoolRoot, resolve_spool_root
+from rlpulse.producers.delivery.wal import EVENT, LOG, Frame, LogMeta, WalWriter, run_wal_dir
+from rlpulse.producers.encoding.arguments import (
     LONG_MAX,
     LONG_MIN,
     bad_argument,
@@ -35,22 +40,17 @@ from rlpulse.producers.arguments import (
     require_run_id,
     string_map,
 )
+from rlpulse.producers.encoding.events import EventEncoder, EventSource, RefusedEvent
+from rlpulse.producers.encoding.fields import EventFields, LogFields
+from rlpulse.producers.encoding.logs import LogEncoder, LogSource
 from rlpulse.producers.exceptions import (
     InvalidFieldError,
     InvalidValueError,
     ProducerClosedError,
     RefusedSourceError,
 )
-from rlpulse.producers.fields import EventFields, LogFields
-from rlpulse.producers.log_wire import LogEncoder, LogSource
-from rlpulse.producers.rankfiles import RankFileSink
-from rlpulse.producers.sender import WalSender
-from rlpulse.producers.shipper import HANDOVER_MAX, ShipperCounts
-from rlpulse.producers.spool_root import SpoolRoot, resolve_spool_root
-from rlpulse.producers.wal import EVENT, LOG, Frame, LogMeta, WalWriter, run_wal_dir
-from rlpulse.producers.wire import EventEncoder, EventSource, RefusedEvent
 from rlpulse.schemas.codec import default_codec
-from rlpulse.schemas.jsonl import EVENT_FIELDS, LOG_KIND
+from rlpulse.schemas.jsonl import LOG_KIND, metrics_line
 from rlpulse.schemas.records import EventKind
 from rlpulse.schemas.topics import Topics
 from rlpulse.schemas.validation import (
@@ -84,12 +84,12 @@ def host_ip() -> str:
 class EventLogger:
     """Publishes one run's TrainerEvents from one process (one rank); never blocks, never loses.
 
-    Construction does no I/O; the write-ahead log, the librdkafka producer and rlpulse's
-    sender thread start with the first record. ``log()`` validates, stamps and encodes the
-    record and appends it to the producer's write-ahead log (:mod:`rlpulse.producers.wal`: a
-    copy into a memory-mapped file, no system call), so it is in the operating system's
-    hands before the call returns and survives a SIGKILL of the process; the sender thread
-    (:mod:`rlpulse.producers.sender`) sends it — events one per message, log records in
+    Construction does no I/O; the write-ahead log, the librdkafka producer and rlpulse's sender
+    thread start with the first record. ``log()`` validates, stamps and encodes the record and
+    appends it to the producer's write-ahead log (:mod:`rlpulse.producers.delivery.wal`: a copy into
+    a memory-mapped file, no system call), so it is in the operating system's hands before the call
+    returns and survives a SIGKILL of the process; the sender thread
+    (:mod:`rlpulse.producers.delivery.sender`) sends it — events one per message, log records in
     batches — and, while the broker is out of reach, sends it later from the log.
 
     What a dead process of the run left on this host (SIGKILLed, OOM-killed, or closed before
@@ -311,7 +311,7 @@ class EventLogger:
         """:meth:`log` with the event's fields as one value (what :class:`EventHandler` uses).
 
         ``training_step=False``: the event's step is not a step of training (the system
-        sampler's sample index, :mod:`rlpulse.producers.system`), so a metrics event leaves
+        sampler's sample index, :mod:`rlpulse.producers.caller.system`), so a metrics event leaves
         :attr:`last_step` at the trainer's.
         """
         if self._closed:
@@ -499,20 +499,40 @@ class EventLogger:
         return encoder
 
     def _write_metrics(self, step: int, stage: str, metrics: Mapping[str, float], seq: int) -> None:
-        """Hand a metrics event to the local file (the layout of :mod:`rlpulse.schemas.jsonl`)."""
-        assert self.local is not None
-        line: dict[str, object] = {"stage": stage, "step": step, "rank": self.rank}
-        for name, value in metrics.items():
-            if name not in EVENT_FIELDS:  # a metric named like a field cannot be told apart
-                line[name] = float(value)
-        line["timestamp_ns"] = time.time_ns()
-        line["hostname"] = self.hostname
-        line["pid"] = os.getpid()
-        line["run_id"] = self.run_id
-        line["attempt"] = self.attempt
-        line["producer_id"] = self.producer_id
-        line["seq"] = seq
-        self.local.put(line)
+        """Hand a metrics event's line to the local file (:func:`metrics_line`, as every writer).
+
+        A line the layout cannot hold (a metric named like one of the line's own fields) is
+        left out of the file, counted in the file's ``refused`` and warned once; the event
+        itself was accepted and is sent.
+        """
+        local = self.local
+        assert local is not None
+        extra = {
+            "run_id": self.run_id,
+            "attempt": self.attempt,
+            "producer_id": self.producer_id,
+            "seq": seq,
+        }
+        try:
+            line = metrics_line(
+                step,
+                stage,
+                self.rank,
+                metrics,
+                timestamp_ns=time.time_ns(),
+                hostname=self.hostname,
+                pid=os.getpid(),
+                extra=extra,
+            )
+        except ValueError as exc:
+            local.refused += 1
+            self._warn_once(
+                "local-line", "run %s: a metrics event's line is not written to %s: %s (the "
+                "event is sent; such lines are counted in EventLogger.local.refused)",
+                self.run_id, local.path, exc,
+            )  # fmt: skip
+            return
+        local.put(line)
 
     def _placement_problem(
         self, stage: str, step: int, world_size: int, metrics: Mapping[str, float]
@@ -560,8 +580,9 @@ class EventLogger:
     def run_end(self, step: int, reason: str | None = None) -> None:
         """Publish a ``run_end`` event, ``reason`` as its message; the joiner closes open steps.
 
-        It sends one each call: :meth:`RunLink.run_end <rlpulse.producers.link.RunLink.run_end>`
-        is the once-per-run, rank-0-only way.
+        It sends one each call:
+        :meth:`RunLink.run_end <rlpulse.producers.caller.link.RunLink.run_end>` is the
+        once-per-run, rank-0-only way.
         """
         self.log({}, step, kind="run_end", message=reason)
 

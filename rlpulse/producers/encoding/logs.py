@@ -4,8 +4,8 @@ Log records travel in :class:`~rlpulse.schemas.records.LogBatch` messages: the f
 record of a logger shares (run id, rank, host, pid, producer id, tags) once, then the
 records' own fields as an array of ``LogEntry``. A record is encoded once, as its LogEntry's
 Avro body, on the caller's thread: those bytes are the write-ahead log's frame
-(:mod:`rlpulse.producers.wal`) and, unchanged, an item of the batch the sender thread builds
-(:meth:`LogEncoder.batch` joins the shared head, the count and the entries). fastavro's
+(:mod:`rlpulse.producers.delivery.wal`) and, unchanged, an item of the batch the sender thread
+builds (:meth:`LogEncoder.batch` joins the shared head, the count and the entries). fastavro's
 ``schemaless_writer`` would take over 10 us a record, more than the ``logging`` call around
 it; :meth:`LogEncoder.entry` takes one or two (the stage/level/logger bytes of a record
 repeat, and most records end the same way). Its output is byte-identical to the codec's (a
@@ -30,8 +30,8 @@ from typing import Any
 
 from fastavro import schemaless_writer
 
-from rlpulse.producers.fields import LogFields, resolved
-from rlpulse.producers.wire import avro_string, layout_agrees, zigzag
+from rlpulse.producers.encoding.events import avro_string, layout_agrees, zigzag
+from rlpulse.producers.encoding.fields import LogFields, resolved
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.records import LogEntry, LogRecord
 
@@ -82,7 +82,7 @@ class TimestampVarint:
 
     A timestamp's 9-byte varint changes only in its first three bytes within ~1 ms (2**21
     ns, after zig-zag), so those are computed and the rest reused: about a fifth of the
-    cost of :func:`~rlpulse.producers.wire.zigzag` for such numbers.
+    cost of :func:`~rlpulse.producers.encoding.events.zigzag` for such numbers.
     """
 
     _LOW_BITS = 21

@@ -6,10 +6,10 @@ here, sends it, and records what Kafka acknowledged. A frame written to the memo
 segment is in the operating system's page cache, so it survives the process being killed
 (SIGKILL, the OOM killer) — not the machine losing power. What a dead process left is sent
 by the next process of the same run on the host, or by ``rlpulse replay``
-(:mod:`rlpulse.producers.sender`, :mod:`rlpulse.producers.replay`).
+(:mod:`rlpulse.producers.delivery.sender`, :mod:`rlpulse.producers.delivery.replay`).
 
-Layout, one directory per producer under its run's directory of its host
-(:func:`run_wal_dir`; the root is :func:`rlpulse.producers.spool_root.resolve_spool_root`'s)::
+Layout, one directory per producer under its run's directory of its host (:func:`run_wal_dir`;
+the root is :func:`~rlpulse.producers.delivery.spool_root.resolve_spool_root`'s)::
 
     <spool root>/<run>/<host>/<producer_id>/lock flock(2)-ed by the process that writes
                                                  or sends this log (the kernel drops it
@@ -27,8 +27,9 @@ Layout, one directory per producer under its run's directory of its host
 
 A frame is a header ``<length u32, crc32 u32, kind u8, seq i64>`` and ``length`` bytes of
 payload: a TrainerEvent's single-object encoding (kind 1) or a log record's LogEntry body
-(kind 2, :meth:`~rlpulse.producers.log_wire.LogEncoder.entry`). The payload is written before the
-header, and the CRC covers the payload, so a frame cut by a kill reads as the end of the log.
+(kind 2, :meth:`~rlpulse.producers.encoding.logs.LogEncoder.entry`). The payload is written
+before the header, and the CRC covers the payload, so a frame cut by a kill reads as the end of
+the log.
 A zero length ends a segment's frames. A position is ``segment << 40 | offset``.
 
 The log takes at most ``max_bytes`` of disk: when a new segment would pass it, the record
@@ -333,6 +334,9 @@ class WalWriter:
         """Frames appended by this writer."""
         self.live: set[int] = set()
         """Segments on disk (the sender removes delivered ones with :meth:`remove`)."""
+        self.source: bytes | None = None
+        """The shared head of the producer's LogBatches once :meth:`write_source` was given it:
+        this process's sender builds batches from it without reading the file back."""
         self._map: mmap.mmap | None = None
         self._segment = 0
         self._offset = 0
@@ -358,7 +362,12 @@ class WalWriter:
         return True
 
     def write_source(self, head: bytes) -> None:
-        """Write the shared head of the producer's LogBatches (once, before its first record)."""
+        """Write the shared head of the producer's LogBatches (once, before its first record).
+
+        The file is for whoever sends the log after this process; this process keeps the
+        bytes in :attr:`source`.
+        """
+        self.source = head
         self._claimed()
         path = self.directory / SOURCE_NAME
         if not path.exists():

@@ -2,7 +2,7 @@
 
 ``logger.addFilter(SamplingFilter(rate=0.1))`` keeps about 10% of the DEBUG and INFO
 records of ``logger``. A record with a trace id (``extra={"trace_id": ...}`` or the current
-trace context, :mod:`rlpulse.producers.trace`) is kept when a hash of its trace id falls
+trace context, :mod:`rlpulse.producers.caller.trace`) is kept when a hash of its trace id falls
 below ``rate``, so every record of a trace, on every rank and host, is kept or dropped
 together; a record without one is kept at random. What the filter drops is counted per
 level, and every record it lets through carries the counts so far (``sampled_out``) and
@@ -18,7 +18,7 @@ import random
 import threading
 from collections.abc import Mapping
 
-from rlpulse.producers.trace import current_trace_id
+from rlpulse.producers.caller.trace import current_trace_id
 
 __all__ = ["RATE_ATTR", "SAMPLED_OUT_ATTR", "SamplingFilter", "keeps_trace"]
 

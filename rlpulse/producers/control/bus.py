@@ -59,7 +59,7 @@ class CommandBus:
             "broadcast",
             None,
             f"a broadcast function: rank {self.rank} can only get what rank 0 polled "
-            "through one (see rlpulse.producers.bus)",
+            "through one (see rlpulse.producers.control.bus)",
         )
 
     def commands(self, poll: Callable[[], list[ControlCommand]] | None) -> list[ControlCommand]:

@@ -1,11 +1,12 @@
 """Adopting dead producers' write-ahead logs: find them, claim them, send them, delete them.
 
 One routine for both senders of what a dead process left: a new logger of the same run on the
-same host (:mod:`rlpulse.producers.sender`, from its start) and ``rlpulse replay``
-(:mod:`rlpulse.producers.replay`). :func:`claim_dead_logs` finds the logs in one directory
-whose writer is gone (its ``flock`` went with it) and takes their claims; a
+same host (:mod:`rlpulse.producers.delivery.sender`, from its start) and ``rlpulse replay``
+(:mod:`rlpulse.producers.delivery.replay`). :func:`look_for_dead_logs` goes through logs,
+claims those whose writer is gone (its ``flock`` went with it) and says why it passed the
+others; :func:`claim_dead_logs` is that look over one run's directory of a host; a
 :class:`DeadLogs` sends them with their producers' own ids (each
-:class:`~rlpulse.producers.shipper.LogShipper` reads back what already arrived) and deletes
+:class:`~rlpulse.producers.delivery.shipper.LogShipper` reads back what already arrived) and deletes
 each one delivered whole. Two live processes that look at once cannot both claim a log: the
 claim is an exclusive ``flock``.
 
@@ -17,16 +18,24 @@ the logs of its own ranks only (a few to a hundred), never the fleet's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from confluent_kafka import Consumer, Producer
 
-from rlpulse.producers.shipper import LogShipper, ShipperCounts
-from rlpulse.producers.wal import LogMeta, WalClaim, logs_in, unsent_frames
+from rlpulse.producers.delivery.shipper import LogShipper, ShipperCounts
+from rlpulse.producers.delivery.wal import LogMeta, WalClaim, logs_in, unsent_frames
 
-__all__ = ["DeadLog", "DeadLogs", "claim_dead_logs", "written_on"]
+__all__ = [
+    "DeadLog",
+    "DeadLogs",
+    "PassedLog",
+    "claim_dead_logs",
+    "look_for_dead_logs",
+    "written_on",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +48,16 @@ class DeadLog:
     claim: WalClaim
 
 
+@dataclass(frozen=True)
+class PassedLog:
+    """A log a look did not claim, and why."""
+
+    path: Path
+    reason: Literal["no meta", "other host", "held"]
+    """``no meta``: no readable ``meta.json``; ``other host``: another host wrote it (its
+    writer may be alive there); ``held``: a live process holds its claim."""
+
+
 def written_on(meta: LogMeta, host: str) -> bool:
     """Whether ``host`` wrote the log (or, for a log of an earlier release, none is recorded).
 
@@ -48,21 +67,36 @@ def written_on(meta: LogMeta, host: str) -> bool:
     return meta.host is None or meta.host == host
 
 
-def claim_dead_logs(directory: Path, host: str, skip: Collection[Path] = ()) -> Iterator[DeadLog]:
-    """Claim the logs in ``directory`` (a run's logs of ``host``) whose processes are gone.
+def look_for_dead_logs(
+    logs: Iterable[Path], host: str | None, skip: Collection[Path] = ()
+) -> Iterator[DeadLog | PassedLog]:
+    """Each of ``logs`` not in ``skip``: claimed (its process is gone) or passed, and why.
 
-    ``skip``: logs not to look at (this process's own, those it sends already). A log whose
-    ``meta.json`` names another host is left alone: its writer may be alive there.
+    The one look of both senders of what a dead process left. With ``host``, a log whose
+    ``meta.json`` names another host is passed: its writer may be alive there (None: every
+    host's, for a replay of logs copied off their hosts).
     """
-    for path in logs_in(directory):
+    for path in logs:
         if path in skip:
             continue
         meta = LogMeta.read(path)
-        if meta is None or not written_on(meta, host):
-            continue
-        claim = WalClaim.take(path)
-        if claim is not None:
-            yield DeadLog(meta, claim)
+        if meta is None:
+            yield PassedLog(path, "no meta")
+        elif host is not None and not written_on(meta, host):
+            yield PassedLog(path, "other host")
+        else:
+            claim = WalClaim.take(path)
+            yield PassedLog(path, "held") if claim is None else DeadLog(meta, claim)
+
+
+def claim_dead_logs(directory: Path, host: str, skip: Collection[Path] = ()) -> Iterator[DeadLog]:
+    """Claim the logs in ``directory`` (a run's logs of ``host``) whose processes are gone.
+
+    ``skip``: logs not to look at (this process's own, those it sends already).
+    """
+    for found in look_for_dead_logs(logs_in(directory), host, skip):
+        if isinstance(found, DeadLog):
+            yield found
 
 
 class DeadLogs:

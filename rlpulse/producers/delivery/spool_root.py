@@ -7,7 +7,7 @@ looks into: lock attempts over the network, and each host seeing every other hos
 shared filesystem and ``producer.spool_dir`` is unset, the logs go to
 ``/var/tmp/rlpulse-<user>/spool`` (kept across reboots, unlike a tmpfs ``/tmp``). A
 ``spool_dir`` set explicitly on a shared filesystem is used, with a warning: each host's logs
-stay in a directory of their own (:func:`~rlpulse.producers.wal.run_wal_dir`), so no host
+stay in a directory of their own (:func:`~rlpulse.producers.delivery.wal.run_wal_dir`), so no host
 adopts another's, but every lock and listing crosses the network.
 
 The filesystem is read from ``/proc/self/mountinfo`` (Linux); elsewhere nothing is shared.

@@ -1,12 +1,13 @@
 """What waits on this host in the write-ahead logs, per run and producer, and sending it.
 
 ``rlpulse spool list`` is :func:`list_spool`: each producer's log under the spool root that
-this host wrote (:func:`~rlpulse.producers.adoption.written_on`), with its run, producer,
+this host wrote (:func:`~rlpulse.producers.delivery.adoption.written_on`), with its run, producer,
 host and process, whether a live process holds its claim
-(:func:`~rlpulse.producers.wal.claim_held`), and the events and text records after its
+(:func:`~rlpulse.producers.delivery.wal.claim_held`), and the events and text records after its
 acknowledged position. ``rlpulse spool send`` is :func:`send_spool`: the dead logs among them
-sent by :func:`~rlpulse.producers.replay.replay_logs`, the routine of ``rlpulse replay`` (its
-claim skips a log a live process holds, and its read-back sends each record once).
+sent by :func:`~rlpulse.producers.delivery.replay.replay_logs`, the routine of ``rlpulse
+replay`` (its claim skips a log a live process holds, and its read-back sends each record
+once).
 
 Looking changes nothing: a read of each log's ``meta.json`` and ``acked`` file, its frames
 (counted, not decoded), and a shared lock attempt given up at once.
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from rlpulse.producers.adoption import written_on
-from rlpulse.producers.replay import ReplayReport, replay_logs
-from rlpulse.producers.wal import (
+from rlpulse.producers.delivery.adoption import written_on
+from rlpulse.producers.delivery.replay import ReplayReport, replay_logs
+from rlpulse.producers.delivery.wal import (
     EVENT,
     LOG,
     AckFile,
@@ -158,7 +159,7 @@ def send_spool(
 ) -> ReplayReport:
     """Send the dead logs :func:`list_spool` lists (the same arguments), as a replay does.
 
-    :func:`~rlpulse.producers.replay.replay_logs` over the same directory, for ``host``: a
+    :func:`~rlpulse.producers.delivery.replay.replay_logs` over the same directory, for ``host``: a
     log a live process holds is skipped, a log sent whole is deleted, one that is not is kept
     with its cause.
     """

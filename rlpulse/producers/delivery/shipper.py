@@ -1,11 +1,12 @@
 """Sending one write-ahead log to Kafka: in order, acknowledged, and never twice to a topic.
 
-A :class:`LogShipper` sends the frames of one producer's log (:mod:`rlpulse.producers.wal`):
-each event as its own message to the events topic (the worker joins events one by one; a
-batch would hold a command back), consecutive log records as LogBatch messages of at most
-``batch_max_bytes`` to the logs topic. Every message carries the producer id and its seqs in
-headers (:mod:`rlpulse.producers.readback`). It records what Kafka acknowledged, in log order
-(the ``acked`` file), and deletes the segments whose every frame arrived.
+A :class:`LogShipper` sends the frames of one producer's log
+(:mod:`rlpulse.producers.delivery.wal`): each event as its own message to the events topic (the
+worker joins events one by one; a batch would hold a command back), consecutive log records as
+LogBatch messages of at most ``batch_max_bytes`` to the logs topic. Every message carries the
+producer id and its seqs in headers (:mod:`rlpulse.producers.delivery.readback`). It records
+what Kafka acknowledged, in log order (the ``acked`` file), and deletes the segments whose
+every frame arrived.
 
 After a failed delivery (the broker out of reach for ``producer.delivery_timeout_s``, a
 refused write) it sends nothing more of that log, waits for what is in flight, then — once
@@ -15,7 +16,7 @@ dead process left starts that way. Records the broker refuses as malformed are d
 (counted): sending them again cannot succeed.
 
 The shipper does no threading of its own: its driver (the logger's sender thread,
-:mod:`rlpulse.producers.sender`, or ``rlpulse replay``) calls :meth:`LogShipper.step` and
+:mod:`rlpulse.producers.delivery.sender`, or ``rlpulse replay``) calls :meth:`LogShipper.step` and
 serves the producer's delivery reports (``poll``) in one thread.
 """
 
@@ -31,15 +32,14 @@ from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
-from rlpulse.producers.log_wire import batch_body
-from rlpulse.producers.readback import (
+from rlpulse.producers.delivery.readback import (
     PRODUCER_HEADER,
     SEQS_HEADER,
     Found,
     found_on_topic,
     seqs_header,
 )
-from rlpulse.producers.wal import (
+from rlpulse.producers.delivery.wal import (
     EVENT,
     LOG,
     AckFile,
@@ -53,6 +53,7 @@ from rlpulse.producers.wal import (
     segment_of,
     segments,
 )
+from rlpulse.producers.encoding.logs import batch_body
 from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.topics import missing_topic
 
@@ -114,7 +115,7 @@ class LogShipper:
     """Sends one producer's write-ahead log; see the module docstring.
 
     ``writer`` is given for the log of a live logger in this process (frames are read up to
-    its :attr:`~rlpulse.producers.wal.WalWriter.end`); without it the log is a dead
+    its :attr:`~rlpulse.producers.delivery.wal.WalWriter.end`); without it the log is a dead
     producer's, read to its last whole frame, and ``claim`` is held for it.
     """
 
@@ -274,7 +275,7 @@ class LogShipper:
         return self._produce(producer, frame.payload, seqs_header(frame.seq, frame.seq), sent)
 
     def _produce_logs(self, producer: Producer, batch: list[Frame]) -> bool:
-        head = self._head = self._head or read_source(self.directory)
+        head = self._head = self._head or self._source()
         if head is None:  # records without the source file: nothing can build their batch
             log.warning(
                 "%s holds log records but no source file; %d record(s) dropped",
@@ -287,6 +288,12 @@ class LogShipper:
         value = head + batch_body([frame.payload for frame in batch])
         sent = _Sent(batch[-1].end, len(batch), LOG, len(value))
         return self._produce(producer, value, seqs_header(batch[0].seq, batch[-1].seq), sent)
+
+    def _source(self) -> bytes | None:
+        """The shared head of the log's batches: the live writer's, else the log's file."""
+        if self.writer is not None and self.writer.source is not None:
+            return self.writer.source
+        return read_source(self.directory)
 
     def _produce(self, producer: Producer, value: bytes, seqs: bytes, sent: _Sent) -> bool:
         """Hand one message to librdkafka; False (nothing sent) when its queue is full."""

@@ -8,7 +8,7 @@ parameters it does not know or of the wrong type, a scale factor outside
 ``commands.max_batch_size``, a growing factor without an upper bound, more than
 ``commands.max_actions`` actions, and text parameters that are too long or (a checkpoint
 tag) could name another directory. The control client acks such a command ``rejected``
-with the reason and never returns it (:class:`~rlpulse.producers.control.ControlClient`).
+with the reason and never returns it (:class:`~rlpulse.producers.control.client.ControlClient`).
 
 The actions, their parameters and bounds are those of the action contract
 (:mod:`rlpulse.schemas.actions`); a trainer logs an alert without a severity as a warning.
