@@ -1,12 +1,12 @@
-"""What the run page shows, as plain values: the SQL behind every chart and panel.
+"""What the run page shows, as plain values: the queries behind every chart and panel.
 
 :class:`RunData` answers over one DuckDB connection that sees the archive
 (:func:`~rlpulse.archive.catalog.open_archive`, reopened every ``refresh_s`` so new rolls show)
 and the live tail's rows (:class:`~rlpulse.ui.live.LiveTail`) as one set of views, in the
 schema ``ui`` ahead of the archive's on the search path: ``steps`` there is the archive's
 ``steps`` plus the live rows. A record in both is read twice, so every query is written to
-be indifferent to duplicates: the latest revision of a step, distinct command ids, distinct
-``(producer_id, seq)`` of events and log records, averages for the heatmap.
+be indifferent to duplicates: the latest revision of a step, one row per command id, one per
+rank and time of a step's events and log records, means in the heatmap.
 
 Every method returns JSON-ready values (non-finite floats become ``None``, times ISO text)
 and raises :class:`~rlpulse.ui.exceptions.NotFoundError` for a run or step the data does
@@ -196,8 +196,7 @@ class RunData:
         for name in LIVE_TABLES:
             if name in live:
                 con.register(f"_live_{name}", live[name])
-                time_field = {"steps": "emitted_ns", "commands": "issued_ns", "acks": "acked_ns"}
-                stamp = time_field.get(name, "timestamp_ns")
+                stamp = self._tables[name].time_field
                 con.execute(
                     f"CREATE OR REPLACE VIEW ui.{name} AS SELECT * FROM main.{name} "
                     f"UNION ALL BY NAME SELECT * EXCLUDE (decode_error, raw_value), "

@@ -42,7 +42,7 @@ from rlpulse.ui.server import UiServer
 from tests.kafka import read_all, settings_at
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.browser]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 LOAD_MS = 60_000
