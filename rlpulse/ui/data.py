@@ -156,8 +156,8 @@ class RunData:
         try:
             if not ArchiveStore(self.root, self.settings.archive).exists():
                 return (
-                    f"no archive at {self.root} (`rlpulse archive` writes it): "
-                    "only the live topics' last minutes are shown"
+                    f"no archive at {self.root} yet (`rlpulse archive` writes it once it "
+                    "has records): only the live topics' last minutes are shown"
                 )
         except (ArchiveError, OSError) as exc:
             return f"{exc}: only the live topics' last minutes are shown"
