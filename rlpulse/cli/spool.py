@@ -22,6 +22,7 @@ from rlpulse.cli.common import (
     Bootstrap,
     ConfigFile,
     default_note,
+    fail,
     one_line_errors,
     out,
     setting_option,
@@ -68,6 +69,19 @@ def _chosen(config: Path | None, spool_dir: Path | None, bootstrap: str | None =
     return settings(config, {"producer.spool_dir": spool_dir, "bootstrap": bootstrap})
 
 
+def _root(chosen: Settings, spool_dir: Path | None) -> Path:
+    """The spool root; a ``--spool-dir`` that does not exist is a mistake, not an empty spool."""
+    root = resolve_spool_root(chosen).path
+    if spool_dir is not None and not root.is_dir():
+        raise fail(f"no spool at {root}: no such directory (see --spool-dir, producer.spool_dir)")
+    return root
+
+
+def _nothing(listing: SpoolListing, run: str | None) -> str:
+    of_run = f" of run {run!r}" if run is not None else ""
+    return f"nothing{of_run} waits under {listing.root} for host {listing.host}"
+
+
 @spool_app.command("list")
 @one_line_errors
 def spool_list(
@@ -85,18 +99,14 @@ def spool_list(
     acknowledged, the disk the log takes, and its age.
     """
     chosen = _chosen(config, spool_dir)
-    listing = list_spool(resolve_spool_root(chosen).path, host or host_name(chosen), run_id=run)
+    listing = list_spool(_root(chosen, spool_dir), host or host_name(chosen), run_id=run)
     now_ns = time.time_ns()
     if json_output:
         for spooled in listing.logs:
             typer.echo(json.dumps(_document(spooled, now_ns)))
         return
     if not listing.logs:
-        out.print(
-            f"nothing waits under {listing.root} for host {listing.host}",
-            highlight=False,
-            soft_wrap=True,
-        )
+        out.print(_nothing(listing, run), highlight=False, soft_wrap=True)
     else:
         out.print(_table(listing, now_ns))
         _summary(listing)
@@ -126,11 +136,26 @@ def spool_send(
     Logs a live process holds are left to it. What is already on the topics is read back and
     not sent again, so every record arrives once however often this runs. A log sent whole is
     deleted; each log that is not is named with its cause and kept. Exits 0 when every record
-    was sent (or there was none), 1 when some were not.
+    was sent (or nothing waited), 1 when some were not or ``--run`` names a run with no log
+    here.
     """
     chosen = _chosen(config, spool_dir, bootstrap)
-    root = resolve_spool_root(chosen).path
-    report = send_spool(root, chosen, host=host or host_name(chosen), run_id=run, timeout_s=timeout)
+    root = _root(chosen, spool_dir)
+    host = host or host_name(chosen)
+    listing = list_spool(root, host, run_id=run)
+    if not listing.dead:
+        if run is not None and not listing.logs:
+            raise fail(f"{_nothing(listing, run)}: nothing sent")
+        held = listing.held
+        message = (
+            f"{_nothing(listing, run)}: nothing sent"
+            if not held
+            else f"{len(held)} log(s) under {root} for host {host} are held by a live process, "
+            "which sends them: nothing sent from here"
+        )
+        out.print(message, highlight=False, soft_wrap=True)
+        return
+    report = send_spool(root, chosen, host=host, run_id=run, timeout_s=timeout)
     print_report(report, root, chosen, again="run `rlpulse spool send` again")
 
 

@@ -12,6 +12,7 @@ from rlpulse.cli.common import (
     Bootstrap,
     ConfigFile,
     Prefix,
+    fail,
     one_line_errors,
     out,
     setting_option,
@@ -41,14 +42,18 @@ def ui(
         {"bootstrap": bootstrap, "prefix": prefix, "archive.root": archive, "ui.host": host,
          "ui.port": port},
     )  # fmt: skip
-    server = UiServer(run_data(chosen, live=live), chosen.ui.host, chosen.ui.port)
+    data = run_data(chosen, live=live)
+    problem = data.archive_problem()
+    if problem is not None and not live:
+        data.close()
+        raise fail(problem)
+    server = UiServer(data, chosen.ui.host, chosen.ui.port)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     server.start()
     try:
         out.print(f"The runs' pages: {server.url} (archive {chosen.archive_root}; Ctrl-C stops)")
-        problem = server.data.archive_problem()
         if problem:
             out.print(f"[yellow]{problem}[/]", highlight=False)
         stop.wait()

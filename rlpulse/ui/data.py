@@ -146,6 +146,8 @@ class RunData:
         self._archived: tuple[int, str] = (0, "")
         self._events_version: tuple[int, str, int] = (0, "", 0)
         self._heatmaps: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._live_seen = -1
+        """The live tail's message count when its rows were last registered."""
         self._nothing = tempfile.mkdtemp(prefix="rlpulse-ui-no-archive-")
         """An empty directory: the archive's views with no rows, while the archive is down."""
 
@@ -153,14 +155,19 @@ class RunData:
 
     def archive_problem(self) -> str | None:
         """Why the archive shows nothing, in one sentence; None when it is there."""
+        instead = (
+            "only the live topics' last minutes are shown"
+            if self.live is not None
+            else "the live topics are not read either (--no-live): nothing to show"
+        )
         try:
             if not ArchiveStore(self.root, self.settings.archive).exists():
                 return (
                     f"no archive at {self.root} yet (`rlpulse archive` writes it once it "
-                    "has records): only the live topics' last minutes are shown"
+                    f"has records): {instead}"
                 )
         except (ArchiveError, OSError) as exc:
-            return f"{exc}: only the live topics' last minutes are shown"
+            return f"{exc}: {instead}"
         return None
 
     def live_problem(self) -> str | None:
@@ -188,7 +195,12 @@ class RunData:
             self._opened = now
             files = self._events.files if isinstance(self._events, ds.FileSystemDataset) else []
             self._archived = (len(files), files[-1] if files else "")
+            self._live_seen = -1  # the new connection has no views yet
         con = self._con
+        seen = self.live.messages if self.live is not None else 0
+        if seen == self._live_seen:  # nothing new on the topics: the views stand as they are
+            return con
+        self._live_seen = seen
         live = self.live.snapshot() if self.live is not None else {}
         self._live_events = live.get("events")
         live_rows = self._live_events.num_rows if self._live_events is not None else 0

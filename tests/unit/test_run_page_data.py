@@ -5,10 +5,13 @@ from __future__ import annotations
 import datetime
 import math
 import time
+from pathlib import Path
 
 import pyarrow as pa
+from typer.testing import CliRunner
 
 from rlpulse.archive.tables import BatchRows, tables_of
+from rlpulse.cli import app
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.ui.data import MetricGrid, jsonable
@@ -86,3 +89,12 @@ def test_the_live_table_keeps_rows_of_both_kinds_and_forgets_old_ones() -> None:
     assert logged.column("hostname").to_pylist() == ["h", "h", "h"]
     logs.prune(oldest_ms=0, max_rows=2)  # too many rows: the oldest chunk goes, whole
     assert logs.snapshot().column("message").to_pylist() == ["c"]
+
+
+def test_ui_with_no_archive_and_no_live_topics_refuses_to_start(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["ui", "--archive", str(tmp_path / "none"), "--no-live"], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 1
+    text = " ".join(result.output.split())
+    assert f"no archive at {tmp_path / 'none'} yet" in text and "nothing to show" in text

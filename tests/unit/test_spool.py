@@ -199,5 +199,16 @@ def test_spool_list_prints_every_log_and_what_send_would_send(
     assert "1 dead log(s) (5 record(s)): `rlpulse spool send` sends them" in text
     assert "1 log(s) held by a live process" in text
     assert "run-a" in text and "run-f" in text and "live" in text and "dead" in text
-    empty = CliRunner().invoke(app, ["spool", "list", "--spool-dir", str(spool / "none")], env=env)
+    (spool / "empty").mkdir()
+    empty = CliRunner().invoke(app, ["spool", "list", "--spool-dir", str(spool / "empty")], env=env)
     assert empty.exit_code == 0 and "nothing waits under" in empty.stdout
+    # A --spool-dir that does not exist is a typo, not an empty spool.
+    typo = CliRunner().invoke(app, ["spool", "list", "--spool-dir", str(spool / "none")], env=env)
+    assert typo.exit_code == 1 and f"no spool at {spool / 'none'}" in " ".join(typo.output.split())
+    # Sending a run that has no log here says so and fails; sending nothing at all does not.
+    unknown = CliRunner().invoke(
+        app, ["spool", "send", "--spool-dir", str(spool / "empty"), "--run", "nope"], env=env
+    )
+    assert unknown.exit_code == 1 and "nothing of run 'nope' waits" in unknown.output
+    idle = CliRunner().invoke(app, ["spool", "send", "--spool-dir", str(spool / "empty")], env=env)
+    assert idle.exit_code == 0 and "nothing sent" in idle.stdout
