@@ -115,13 +115,12 @@ def run_demo(
     settings: Settings,
     step_interval_s: float = 0.25,
     console: Console | None = None,
-    page: bool = True,
 ) -> int:
     """Run the demo end to end; return the process exit code (0 = stopped by kl-guard).
 
     Without a ``bootstrap`` setting it starts (or reuses) the local broker, and stops it at
-    the end if it started it. ``page``: serve the run page (``rlpulse ui``) while it plays,
-    and on a terminal until Ctrl-C after it.
+    the end if it started it. The run page (``rlpulse ui``) is served while it plays, and on
+    a terminal until Ctrl-C after it.
     """
     say = console or Console()
     broker: LocalBroker | None = None
@@ -158,16 +157,15 @@ def run_demo(
         say.print(f"[dim]Starting a worker with the seed rules (log: {worker.log_file})…[/]")
         worker.start()
         exporter.start()
-        if page:
-            archiver.start()
-            server = _serve_page(settings)
-            say.print(f"The run's page: {server.url}", highlight=False)
+        archiver.start()
+        server = _serve_page(settings)
+        say.print(f"The run's page: {server.url}", highlight=False)
         say.print(f"Prometheus metrics of the run: {exporter.url}", highlight=False)
         worker.wait_consuming(timeout_s=90.0)
         exporter.wait_ready(timeout_s=90.0)
         code = play(say, settings, workdir, lambda: _alive(worker), step_interval_s)
         _show_gauges(say, exporter)
-        if server is not None and sys.stdin.isatty() and sys.stdout.isatty():
+        if sys.stdin.isatty() and sys.stdout.isatty():
             _keep_page(say, server.url, archive, topics.prefix)
         return code
     finally:

@@ -11,7 +11,7 @@ const CONFIG = { responsive: true, displaylogo: false };
 // The data is asked for at once, while the browser still parses plotly.js (about a second
 // here): the server's queries and the parse overlap.
 const early = runId ? {
-  status: getJSON("/api/status").catch(e => ({ failed: e.message })),
+  status: getJSON("/api/status"),
   run: getJSON("/api/run", { id: runId }),
   runs: getJSON("/api/runs"),
   commands: getJSON("/api/commands", { id: runId }),
@@ -268,10 +268,7 @@ async function main() {
   if (!runId) { fail("No run given: open a run from the list (/run?id=RUN)."); return; }
   document.getElementById("title").textContent = runId;
   document.title = `rlpulse: ${runId}`;
-  const status = await early.status;
-  const notices = document.getElementById("notices");
-  if (status.failed) notices.appendChild(el("div", `The server does not answer: ${status.failed}`, "error"));
-  for (const problem of [status.archive_problem, status.live_problem]) if (problem) notices.appendChild(el("div", problem, "notice"));
+  await showStatus(document.getElementById("notices"), early.status);
   let run, runs, defaults;
   try { [run, runs, defaults] = await Promise.all([early.run, early.runs, early.defaults]); }
   catch (e) { fail(e.message); return; }

@@ -41,10 +41,11 @@ function table(columns, rows, rowClass, show) {
   return t;
 }
 
-/** Show the server's status notices (archive missing, live topics unreadable). */
-async function showStatus(box) {
+/** Show the server's status notices (archive missing, live topics unreadable); `asked`: the
+ * /api/status request if one is already under way. */
+async function showStatus(box, asked) {
   try {
-    const status = await getJSON("/api/status");
+    const status = await (asked || getJSON("/api/status"));
     for (const problem of [status.archive_problem, status.live_problem]) {
       if (problem) box.appendChild(el("div", problem, "notice"));
     }
