@@ -1,8 +1,8 @@
 """The archive as SQL: a DuckDB connection with one view per table.
 
-Views: ``events``, ``logs``, ``steps``, ``commands``, ``acks``, ``audits`` (the records, with
-their Kafka coordinates) and ``dead_letters`` (``<prefix>.dlq`` as it is, plus every
-message the archiver could not decode). Every view has the partition columns ``date``
+Views: ``events``, ``logs``, ``steps``, ``commands``, ``acks``, ``verdicts``, ``audits``
+(the records, with their Kafka coordinates) and ``dead_letters`` (``<prefix>.dlq`` as it
+is, plus every message the archiver could not decode). Every view has the partition columns ``date``
 (UTC, ``YYYY-MM-DD``, from the broker's timestamp) and ``run`` (the run id, cut when very
 long), whose filters decide which files are read, and ``time``: the record's own time as a
 UTC ``TIMESTAMP`` (``timestamp_ns``, ``emitted_ns``, ...). The session time zone is UTC, so
@@ -41,7 +41,9 @@ __all__ = [
     "table_dataset",
 ]
 
-VIEWS: Final = ("events", "logs", "steps", "commands", "acks", "audits", "dead_letters")
+VIEWS: Final = (
+    "events", "logs", "steps", "commands", "acks", "verdicts", "audits", "dead_letters"
+)  # fmt: skip
 _VANISHED: Final = ("No such file", "during GetObject operation")
 """What a read of a file deleted after the listing fails with: locally; on S3, whether the
 object was gone at the request (``NO_SUCH_KEY``) or deleted while it streamed (S3Proxy then

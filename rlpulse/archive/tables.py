@@ -242,7 +242,7 @@ class Table:
     """One table of the archive: the topic it holds and how its messages become rows."""
 
     name: str
-    """The view name: events, logs, steps, commands, acks, audits, dead_letters."""
+    """The view name: events, logs, steps, commands, acks, verdicts, audits, dead_letters."""
     topic: str
     record: str | None
     """The Avro record of the topic; None for the dead-letter topic (kept as bytes)."""
@@ -390,6 +390,7 @@ _RECORD_TABLES: Final = (
     ("steps", "steps", "StepSummary", "emitted_ns"),
     ("commands", "control", "ControlCommand", "issued_ns"),
     ("acks", "acks", "CommandAck", "acked_ns"),
+    ("verdicts", "verdicts", "ActionVerdict", "emitted_ns"),
     ("audits", "audits", "AuditReport", "audited_ns"),
 )
 _BATCHES: Final = {"LogRecord": "LogBatch"}

@@ -24,11 +24,17 @@ from rlpulse.cli.common import (
     one_line_errors,
     settings,
 )
-from rlpulse.offline.backtest import BacktestResult, InputFormat, read_recording, run_backtest
+from rlpulse.offline.backtest import (
+    BacktestResult,
+    InputFormat,
+    read_acks,
+    read_recording,
+    run_backtest,
+)
 from rlpulse.rules.exceptions import PresetNotFoundError, RulesFileError
 from rlpulse.rules.loader import list_presets, load_preset, load_rules, load_rules_source
 from rlpulse.rules.model import RuleSet, format_number
-from rlpulse.schemas.records import Action, ControlCommand
+from rlpulse.schemas.records import Action, ActionVerdict, ControlCommand
 from rlpulse.settings import JoinerSettings
 
 rules_app = typer.Typer(no_args_is_help=True)
@@ -126,13 +132,23 @@ def backtest(
     input_format: Annotated[
         InputFormat, typer.Option("--format", help="Input format.")
     ] = InputFormat.AUTO,
+    acks: Annotated[
+        Path | None,
+        typer.Option(
+            "--acks",
+            help="The run's CommandAcks (JSON Lines) for the verdicts of rules with expect. "
+            + default_note("each command applied at the step after the one it was issued for"),
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Play recorded events through the worker's step pipeline; print the commands issued.
 
-    Prints a table of commands per run (step, stage, rule, actions, reason), or with --json
-    one ControlCommand per line: the records the worker would have published, ids included.
-    Unreadable lines and refused events are reported on stderr with file:line and skipped;
-    a recording that yields no event at all is an error (exit 1).
+    Prints a table of commands per run (step, stage, rule, actions, verdict, reason), or with
+    --json one ControlCommand per line: the records the worker would have published, ids
+    included. Unreadable lines and refused events are reported on stderr with file:line and
+    skipped; a recording that yields no event at all is an error (exit 1).
     """
     try:
         joiner = JoinerSettings(grace_s=grace_s, late_window_s=late_window_s)
@@ -142,7 +158,8 @@ def backtest(
     try:
         ruleset = load_rules_source(rules_source)
         recording = read_recording(events, run=run, input_format=input_format)
-        result = run_backtest(ruleset, recording, joiner)
+        given = None if acks is None else read_acks(acks)
+        result = run_backtest(ruleset, recording, joiner, given)
     except (RulesFileError, PresetNotFoundError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
@@ -163,7 +180,8 @@ def backtest(
         typer.echo(f"rule engine failed on summary {error}", err=True)
     typer.echo(
         f"{result.events} events, {result.summaries} step summaries, "
-        f"{len(result.commands)} commands; {len(result.malformed)} malformed lines skipped, "
+        f"{len(result.commands)} commands, {len(result.verdicts)} verdicts; "
+        f"{len(result.malformed)} malformed lines skipped, "
         f"{len(result.rejected)} events rejected, {result.duplicates} duplicates dropped",
         err=True,
     )
@@ -248,6 +266,7 @@ def _expand(paths: Iterable[Path]) -> Iterator[tuple[Path, str | None]]:
 
 def print_commands(result: BacktestResult, console: Console) -> None:
     """One table per run of the commands a backtest issued (or 'no rule fired')."""
+    verdicts = {verdict["command_id"]: verdict for verdict in result.verdicts}
     by_run: dict[str, list[ControlCommand]] = {run: [] for run in result.runs}
     for command in result.commands:
         by_run.setdefault(command["run_id"], []).append(command)
@@ -263,18 +282,27 @@ def print_commands(result: BacktestResult, console: Console) -> None:
         table.add_column("stage", overflow="fold")
         table.add_column("rule", no_wrap=True)
         table.add_column("actions", overflow="fold", ratio=2)
+        table.add_column("verdict", overflow="fold")
         table.add_column("reason", overflow="fold", ratio=3)
         for command in commands:
             rule = (command["rule_id"] or "") + (" (dry run)" if command["dry_run"] else "")
+            verdict = verdicts.get(command["command_id"])
             table.add_row(
                 str(command["attempt"]),
                 str(command["step"]),
                 Text(command["stage"]),
                 Text(rule),
                 Text("\n".join(map(_action_text, command["actions"]))),
+                Text("" if verdict is None else _verdict_text(verdict)),
                 Text(command["reason"]),
             )
         console.print(table)
+
+
+def _verdict_text(verdict: ActionVerdict) -> str:
+    """``ineffective at 31``, ``effective at 26``, ``unknown``."""
+    step = verdict["decided_at_step"]
+    return verdict["verdict"] if step is None else f"{verdict['verdict']} at {step}"
 
 
 def _action_text(action: Action) -> str:

@@ -25,7 +25,7 @@ def show(
     prefix: Prefix = None,
     config: ConfigFile = None,
 ) -> None:
-    """Show a step: its summaries, every rank's metrics, the log records, commands and acks."""
+    """Show a step: summaries, every rank's metrics, log records, commands, acks, verdicts."""
     from rlpulse.offline.drilldown import step_context
 
     con, _root = open_for(config, prefix, archive)
@@ -92,3 +92,4 @@ def _print(context: StepContext, margin: float) -> None:
             out.print("    " + record["exception"].replace("\n", "\n    "), markup=False)
     print_rows(context.commands.columns, context.commands.rows, title="commands")
     print_rows(context.acks.columns, context.acks.rows, title="acks")
+    print_rows(context.verdicts.columns, context.verdicts.rows, title="verdicts")

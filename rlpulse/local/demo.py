@@ -8,7 +8,8 @@ around step 20 and its KL divergence passes 0.3 from step 40. Each rank logs tex
 too (a WARNING when the reward swings, an ERROR while the KL is above 0.3). The run reacts to
 the commands it receives — the rollout batch doubles to 128, then 256 and no further; a
 checkpoint is written; the run stops — and acknowledges each one. At the end it prints a few
-of the gauges the exporter serves; on a terminal, the page stays up until Ctrl-C. It exits 0
+of the gauges the exporter serves and the verdicts on the doublings (they did not help: the
+reward keeps swinging); on a terminal, the page stays up until Ctrl-C. It exits 0
 when kl-guard stopped the run.
 """
 
@@ -55,6 +56,7 @@ KL_BREACH_FROM = 40
 KL_LIMIT = 0.3
 NAMESPACE = "verl"
 SHOWN_GAUGES = ("verl_reward_mean", "verl_kl_divergence")
+SHOWN_VERDICTS = "rlpulse_run_action_verdicts_total{"
 SHOWN_RANKS = ('rank="0"', 'rank="1"')
 
 
@@ -356,6 +358,11 @@ def _show_gauges(say: Console, exporter: ExporterProcess, timeout_s: float = 15.
     ]
     for line in sorted(shown, key=lambda line: (SHOWN_GAUGES.index(line.split("{")[0]), line)):
         say.print(f"  {line}", highlight=False, soft_wrap=True)
+    verdicts = sorted(line for line in lines if line.startswith(SHOWN_VERDICTS))
+    if verdicts:
+        say.print("Did the commands work? (verdicts of unstable-reward's expect)")
+        for line in verdicts:
+            say.print(f"  {line}", highlight=False, soft_wrap=True)
 
 
 def _delete_topics(settings: Settings, topics: Topics) -> None:

@@ -37,6 +37,11 @@ Inputs (:func:`read_recording`, detected from the path):
   stage ``trainer`` with world size 1; keys (``actor/ppo_kl``) are metric names as they
   are; run id from ``--run`` (default: the file name without ``.jsonl``).
 
+**verdicts**: the checks of rules with ``expect`` (:mod:`rlpulse.rules.verdicts`) need the
+applied step of each command. Given the run's acks (``read_acks``: the ``acks`` view of the
+archive, or the acks topic, as JSON Lines), each command gets its own; without them each is
+assumed applied at the step after the one it was issued for (:func:`assumed_ack`).
+
 A line that cannot be read, or that the joiner refuses, is reported with its file and line
 number and skipped. :func:`run_backtest` is pure (no I/O beyond iterating its input);
 ``rlpulse rules backtest`` (:mod:`rlpulse.cli.rules`) is the command line around it.
@@ -65,6 +70,9 @@ from rlpulse.schemas.jsonl import (
     read_rank_logs,
 )
 from rlpulse.schemas.records import (
+    AckStatus,
+    ActionVerdict,
+    CommandAck,
     ControlCommand,
     EventKind,
     TrainerEvent,
@@ -79,8 +87,10 @@ __all__ = [
     "Recorded",
     "RecordedEvent",
     "Rejection",
+    "assumed_ack",
     "detect_format",
     "infer_attempts",
+    "read_acks",
     "read_per_rank",
     "read_recording",
     "read_rlpulse_jsonl",
@@ -369,6 +379,38 @@ def infer_attempts(items: Iterable[Recorded]) -> Iterator[Recorded]:
         yield item if item.attempt_given else item.with_attempt(attempt)
 
 
+def read_acks(path: Path) -> dict[str, CommandAck]:
+    """The CommandAcks of a JSON Lines file, by command id (the first of each).
+
+    For :func:`run_backtest`'s ``acks``. Raises ``ValueError`` naming ``file:line`` for a line
+    that is not one.
+    """
+    found: dict[str, CommandAck] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            ack: CommandAck = {
+                "command_id": str(record["command_id"]),
+                "run_id": str(record["run_id"]),
+                "attempt": int(record["attempt"]),
+                "status": record["status"],
+                "applied_at_step": record.get("applied_at_step"),
+                "detail": dict(record.get("detail") or {}),
+                "acked_ns": int(record.get("acked_ns") or 0),
+            }
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{number}: not a CommandAck: {exc}") from None
+        if ack["status"] not in get_args(AckStatus):
+            raise ValueError(
+                f"{path}:{number}: status {ack['status']!r} is not one of "
+                f"{', '.join(get_args(AckStatus))}"
+            )
+        found.setdefault(ack["command_id"], ack)
+    return found
+
+
 # -- backtest --------------------------------------------------------------------------------
 
 
@@ -389,6 +431,7 @@ class BacktestResult:
     """Everything a backtest produced, in the order it happened."""
 
     commands: list[ControlCommand] = field(default_factory=list)
+    verdicts: list[ActionVerdict] = field(default_factory=list)
     malformed: list[MalformedLine] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     rule_errors: list[str] = field(default_factory=list)  # "summary id: error"
@@ -398,20 +441,44 @@ class BacktestResult:
     summaries: int = 0  # step summaries released (revisions included)
 
     def take(self, output: StepOutput) -> None:
-        """Record what the pipeline released for one event or tick."""
+        """Record what the pipeline released for one event, tick or ack."""
         for item in output.released:
             self.summaries += 1
             self.commands += item.commands
             if item.error is not None:
                 self.rule_errors.append(f"{item.summary['summary_id']}: {item.error}")
+        self.verdicts += output.verdicts
+
+
+def assumed_ack(command: ControlCommand) -> CommandAck:
+    """The ack a backtest assumes for a command without one: applied at the next step.
+
+    The step after the one it was issued for, as a trainer that polls once a step applies it.
+    """
+    return {
+        "command_id": command["command_id"],
+        "run_id": command["run_id"],
+        "attempt": command["attempt"],
+        "status": "applied",
+        "applied_at_step": command["step"] + 1,
+        "detail": {"assumed": "by the backtest"},
+        "acked_ns": command["issued_ns"],
+    }
 
 
 def run_backtest(
-    ruleset: RuleSet, items: Iterable[Recorded], settings: JoinerSettings | None = None
+    ruleset: RuleSet,
+    items: Iterable[Recorded],
+    settings: JoinerSettings | None = None,
+    acks: Mapping[str, CommandAck] | None = None,
 ) -> BacktestResult:
     """Play recorded events through a fresh step pipeline; see the module docstring.
 
-    Events without an attempt get one inferred first (:func:`infer_attempts`).
+    Events without an attempt get one inferred first (:func:`infer_attempts`). Each command
+    is acknowledged as soon as it is issued, with its ack in ``acks`` (by command id; a
+    command without one is not acknowledged), or, without ``acks``, as :func:`assumed_ack`
+    says. A verdict does not depend on when its ack arrives (:mod:`rlpulse.rules.verdicts`),
+    so the backtest decides as the worker did.
     """
     joiner_settings = settings if settings is not None else JoinerSettings()
     result = BacktestResult()
@@ -434,11 +501,30 @@ def run_backtest(
             result.rejected.append(Rejection(item.path, item.line, output.rejected))
         result.duplicates += output.duplicate
         result.take(output)
+        _acknowledge(pipeline, result, output, acks, now_ns)
     quiet_s = max(joiner_settings.grace_s, joiner_settings.revision_linger_s)
     end_ns = now_ns + round(quiet_s * _SECOND_NS)  # every open group and pending revision is due
-    result.take(pipeline.expire(end_ns))
+    output = pipeline.expire(end_ns)
+    result.take(output)
+    _acknowledge(pipeline, result, output, acks, end_ns)
     result.runs = list(runs)
     return result
+
+
+def _acknowledge(
+    pipeline: StepPipeline,
+    result: BacktestResult,
+    output: StepOutput,
+    acks: Mapping[str, CommandAck] | None,
+    now_ns: int,
+) -> None:
+    """Hand the pipeline the ack of each command ``output`` issued (see :func:`run_backtest`)."""
+    for command in output.commands:
+        if command["dry_run"]:
+            continue
+        ack = assumed_ack(command) if acks is None else acks.get(command["command_id"])
+        if ack is not None:
+            result.take(pipeline.acknowledge(ack, now_ns))
 
 
 def _shown(fields: Mapping[str, Any]) -> str:

@@ -3,7 +3,8 @@
 The step's StepSummaries (every stage, every revision), every rank's metrics events, every
 log record of the run between the step's first and last event (widened by a margin, since
 what explains a step is often logged just before or after it), the commands issued for the
-step or applied at it, and their acks.
+step or applied at it, their acks, and the verdicts on commands issued, applied or decided
+at it (one row per verdict id).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class StepContext:
     logs: Rows
     commands: Rows
     acks: Rows
+    verdicts: Rows
     window_ns: tuple[int, int] | None
     """The first and last event of the step (before the margin), if any arrived."""
 
@@ -111,6 +113,15 @@ def step_context(
         f"SELECT command_id FROM commands WHERE {where})) ORDER BY acked_ns",
         [*run, step, *run, step],
     )
-    if not (summaries.rows or metrics.rows or commands.rows or acks.rows):
+    verdicts = _rows(
+        con,
+        "SELECT command_id, rule_id, verdict, issued_step, applied_at_step, decided_at_step, "
+        "reason, time FROM verdicts WHERE run = ? AND run_id = ? AND "
+        "(issued_step = ? OR applied_at_step = ? OR decided_at_step = ?) "
+        "QUALIFY row_number() OVER (PARTITION BY verdict_id ORDER BY emitted_ns) = 1 "
+        "ORDER BY emitted_ns",
+        [*run, step, step, step],
+    )
+    if not (summaries.rows or metrics.rows or commands.rows or acks.rows or verdicts.rows):
         raise QueryError(f"the archive has nothing of step {step} of run {run_id!r}")
-    return StepContext(run_id, step, summaries, metrics, logs, commands, acks, window)
+    return StepContext(run_id, step, summaries, metrics, logs, commands, acks, verdicts, window)

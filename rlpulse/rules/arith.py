@@ -17,8 +17,10 @@ the exact mean, rounded once (it is always representable).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
+from types import MappingProxyType
+from typing import Final
 
 NAN = float("nan")
 
@@ -117,3 +119,20 @@ def zscore(values: Sequence[float]) -> float:
     if std == 0:
         return NAN
     return (values[-1] - exact_mean(previous)) / std
+
+
+WindowFunction = Callable[[Sequence[float], Sequence[float]], float]  # (steps, values)
+
+WINDOW_STATS: Final[Mapping[str, WindowFunction]] = MappingProxyType(
+    {
+        "mean": lambda steps, values: exact_mean(values),
+        "std": lambda steps, values: exact_std(values),
+        "var": lambda steps, values: exact_var(values),
+        "min": lambda steps, values: nan_min(values),
+        "max": lambda steps, values: nan_max(values),
+        "delta": lambda steps, values: delta(values),
+        "slope": slope,
+        "zscore": lambda steps, values: zscore(values),
+    }
+)
+"""The statistics of ``over_steps`` by name, each taking (steps, values) of the window."""

@@ -10,21 +10,10 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Final, Literal
 
-from rlpulse.rules.arith import (
-    delta,
-    exact_mean,
-    exact_std,
-    exact_var,
-    nan_max,
-    nan_min,
-    slope,
-    zscore,
-)
+from rlpulse.rules.arith import WINDOW_STATS
 from rlpulse.rules.model import Comparison, Condition, NonFinite, Outside, Rule, RuleSet
 from rlpulse.rules.model import format_number as _exact
 from rlpulse.rules.state import (
@@ -36,29 +25,13 @@ from rlpulse.rules.state import (
     check_run_state,
     new_run_state,
 )
+from rlpulse.rules.verdicts import open_check
 from rlpulse.schemas.records import Action, ControlCommand, MetricStats, StepSummary
 
 COMMAND_NAMESPACE: Final = uuid.UUID("6f1c2a57-93e4-5d0b-8a3e-7c52d1b0e9f4")
 """uuid5 namespace of the ids of rule-issued commands."""
 
 Reduction = Literal["mean", "min", "max", "sum", "std"]
-WindowFunction = Callable[[Sequence[float], Sequence[float]], float]  # (steps, values)
-
-
-# -- window statistics: the shared exact arithmetic of rules/arith.py ------------------------
-
-_WINDOW_STATS: Final[Mapping[str, WindowFunction]] = MappingProxyType(
-    {
-        "mean": lambda steps, values: exact_mean(values),
-        "std": lambda steps, values: exact_std(values),
-        "var": lambda steps, values: exact_var(values),
-        "min": lambda steps, values: nan_min(values),
-        "max": lambda steps, values: nan_max(values),
-        "delta": lambda steps, values: delta(values),
-        "slope": slope,
-        "zscore": lambda steps, values: zscore(values),
-    }
-)
 
 
 def command_id(run_id: str, attempt: int, stage: str, rule: Rule, step: int) -> str:
@@ -97,7 +70,7 @@ class _RuleEvaluator:
         self._reduction = _reduction(rule)
         over = rule.over_steps
         self._window_size = over.window if over is not None else 0
-        self._window_stat = _WINDOW_STATS[over.stat] if over is not None else None
+        self._window_stat = WINDOW_STATS[over.stat] if over is not None else None
 
     def applies_to(self, summary: StepSummary) -> bool:
         """Whether the rule watches this stage and the run has the tags of ``match``."""
@@ -229,6 +202,7 @@ class RuleEngine:
                 continue
             command = _command(firing, summary, now_ns)
             commands.append(command)
+            open_check(run, firing.rule, firing.metric, command)
             if firing.rule.stops and not command["dry_run"]:
                 run["stopped_by"] = {
                     "command_id": command["command_id"],

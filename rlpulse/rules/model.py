@@ -458,18 +458,91 @@ class ActionSpec(action_spec_model(ACTIONS)):  # type: ignore[misc]
 _ORDERED_OPS: Final = (">", ">=", "<", "<=")
 
 
+_WORST_NEEDS_AN_ORDER: Final[JsonDict] = {
+    "if": {"properties": {"across_ranks": {"const": "worst"}}, "required": ["across_ranks"]},
+    "then": {"properties": {"when": {"pattern": r"^\s*(?:>=|<=|>|<)"}}},
+}
+"""``across_ranks: worst`` with a ``when`` that is not an ordered comparison, in JSON Schema."""
+
+
+def _check_worst(across_ranks: object, when: Condition) -> Condition:
+    """``when`` if it suits ``across_ranks``: worst needs an ordered comparison to pick a side."""
+    if across_ranks == "worst" and not (isinstance(when, Comparison) and when.op in _ORDERED_OPS):
+        raise ValueError(
+            f"across_ranks 'worst' needs a >, >=, < or <= condition, got {str(when)!r}"
+        )
+    return when
+
+
+class Expectation(_Model):
+    """``expect``: what the rule's action should achieve, checked after it was applied.
+
+    The value is computed as a rule's is, over the steps after the command's applied step
+    (from the trainer's ack) only: the command is ``effective`` at the first of the next
+    ``within_steps`` steps where ``when`` holds, ``ineffective`` when they run out without it.
+    """
+
+    model_config = ConfigDict(json_schema_extra=_WORST_NEEDS_AN_ORDER)
+
+    metric: MetricNames | None = Field(
+        default=None,
+        description=(
+            "The metric that shows the effect (a name or aliases). Absent: the metric the rule "
+            "fired on."
+        ),
+    )
+    stage: NonEmptyStr | None = Field(
+        default=None,
+        description="The stage it is read in. Absent: the stage the rule fired in.",
+    )
+    across_ranks: AcrossRanks | None = Field(
+        default=None,
+        description="How a step's per-rank values become one value. Absent: as the rule's.",
+    )
+    over_steps: OverSteps | None = Field(
+        default=None,
+        description=(
+            "A statistic over the last `window` values after the applied step, instead of each "
+            "step's value. Not inherited from the rule: write it again to check the same "
+            "statistic."
+        ),
+    )
+    when: When = Field(
+        description=(
+            "When the action worked, in the syntax of a rule's `when` (e.g. '<= 0.5'). The "
+            "opposite of the rule's condition is the usual choice."
+        )
+    )
+    within_steps: int = Field(
+        ge=1,
+        description=(
+            "How many steps after the applied step the effect may take; at least the window "
+            "of over_steps."
+        ),
+    )
+
+    @field_validator("when")
+    @classmethod
+    def _worst_needs_an_order(cls, when: Condition, info: ValidationInfo) -> Condition:
+        return _check_worst(info.data.get("across_ranks"), when)
+
+    @field_validator("within_steps")
+    @classmethod
+    def _window_fits(cls, within_steps: int, info: ValidationInfo) -> int:
+        over = info.data.get("over_steps")
+        if isinstance(over, OverSteps) and within_steps < over.window:
+            raise ValueError(
+                f"must be >= over_steps.window ({over.window}): a window of {over.window} "
+                f"values after the applied step never fits in {within_steps} step(s), got "
+                f"{within_steps}"
+            )
+        return within_steps
+
+
 class Rule(_Model):
     """One rule: which value to watch, when it is bad, and what to do about it."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "if": {
-                "properties": {"across_ranks": {"const": "worst"}},
-                "required": ["across_ranks"],
-            },
-            "then": {"properties": {"when": {"pattern": r"^\s*(?:>=|<=|>|<)"}}},
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=_WORST_NEEDS_AN_ORDER)
 
     id: NonEmptyStr = Field(
         description="Name of the rule, unique in the file; its commands and state carry it."
@@ -535,6 +608,13 @@ class Rule(_Model):
         min_length=1,
         description="What to do when the rule fires, in this order; stop, if present, comes last.",
     )
+    expect: Expectation | None = Field(
+        default=None,
+        description=(
+            "What the action should achieve; each applied command then gets a verdict: "
+            "effective, ineffective or unknown. Not with stop (no step follows it)."
+        ),
+    )
 
     @field_validator("id")
     @classmethod
@@ -546,13 +626,7 @@ class Rule(_Model):
     @field_validator("when")
     @classmethod
     def _worst_needs_an_order(cls, when: Condition, info: ValidationInfo) -> Condition:
-        if info.data.get("across_ranks") == "worst" and not (
-            isinstance(when, Comparison) and when.op in _ORDERED_OPS
-        ):
-            raise ValueError(
-                f"across_ranks 'worst' needs a >, >=, < or <= condition, got {str(when)!r}"
-            )
-        return when
+        return _check_worst(info.data.get("across_ranks"), when)
 
     @field_validator("actions")
     @classmethod
@@ -566,6 +640,19 @@ class Rule(_Model):
                 )
         return actions
 
+    @field_validator("expect")
+    @classmethod
+    def _expect_needs_steps_after(
+        cls, expect: Expectation | None, info: ValidationInfo
+    ) -> Expectation | None:
+        actions = info.data.get("actions") or []
+        if expect is not None and any(action.type == "stop" for action in actions):
+            raise PydanticCustomError(
+                "expect_after_stop",
+                "cannot check a rule that stops the run: no step follows its command",
+            )
+        return expect
+
     @property
     def metrics(self) -> tuple[str, ...]:
         """The metric name, or the alias names in order of preference."""
@@ -578,8 +665,13 @@ class Rule(_Model):
 
     @property
     def version(self) -> str:
-        """First 12 hex digits of the sha256 of the normalised definition (defaults filled in)."""
-        normalised = json.dumps(self.model_dump(), sort_keys=True, separators=(",", ":"))
+        """First 12 hex digits of the sha256 of the normalised definition (defaults filled in).
+
+        ``expect`` is left out: it does not change when the rule fires, so editing it keeps
+        the rule's state (a pending check keeps the expectation it was issued with).
+        """
+        definition = self.model_dump(exclude={"expect"})
+        normalised = json.dumps(definition, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(normalised.encode()).hexdigest()[:12]
 
 

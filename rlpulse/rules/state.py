@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final, TypedDict
+from typing import Any, Final, NotRequired, TypedDict
 
 from rlpulse.rules.exceptions import RuleStateError
 
@@ -39,13 +39,19 @@ class StageState(TypedDict):
 
 
 class RunState(TypedDict):
-    """The whole evaluator state of one run attempt (run_id, attempt)."""
+    """The whole evaluator state of one run attempt (run_id, attempt).
+
+    ``checks`` and ``early_acks`` belong to the verdicts (:mod:`rlpulse.rules.verdicts`);
+    a state without them (written before verdicts existed) has none open.
+    """
 
     format: int
     run_id: str
     attempt: int
     stopped_by: StopRecord | None
     stages: dict[str, StageState]
+    checks: NotRequired[dict[str, Any]]
+    early_acks: NotRequired[dict[str, Any]]
 
 
 def new_run_state(run_id: str, attempt: int) -> RunState:

@@ -24,6 +24,7 @@ from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
 from rlpulse.schemas.exceptions import DecodeError, DecodeFailure, EncodeError
 from rlpulse.schemas.records import (
+    ActionVerdict,
     AuditReport,
     CommandAck,
     ControlCommand,
@@ -45,6 +46,7 @@ RECORD_NAMES = (
     "LogRecord",
     "LogBatch",
     "AuditReport",
+    "ActionVerdict",
 )
 
 
@@ -196,6 +198,10 @@ class Codec:
             batch = {name: record.pop(name) for name in _SHARED_LOG_FIELDS}
             return cast(LogBatch, {**batch, "entries": [record]})
         return cast(LogBatch, self.decode(data, "LogBatch"))
+
+    def decode_verdict(self, data: bytes) -> ActionVerdict:
+        """Decode an ``ActionVerdict``."""
+        return cast(ActionVerdict, self.decode(data, "ActionVerdict"))
 
     def decode_audit(self, data: bytes) -> AuditReport:
         """Decode an ``AuditReport``."""

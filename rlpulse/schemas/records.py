@@ -14,6 +14,7 @@ EventKind = Literal["metrics", "log", "run_start", "run_end"]
 ClosedBy = Literal["complete", "grace", "run_end"]
 CommandOrigin = Literal["rule", "operator"]
 AckStatus = Literal["applied", "noop", "rejected", "failed"]
+VerdictKind = Literal["effective", "ineffective", "unknown"]
 ParamValue = bool | int | float | str | None
 
 
@@ -113,6 +114,27 @@ class CommandAck(TypedDict):
     applied_at_step: int | None
     detail: dict[str, str]
     acked_ns: int
+
+
+class ActionVerdict(TypedDict):
+    """Whether a rule's applied command achieved what the rule expected (``expect``)."""
+
+    verdict_id: str
+    command_id: str
+    run_id: str
+    attempt: int
+    stage: str
+    rule_id: str
+    rule_version: str
+    verdict: VerdictKind
+    expectation: str
+    issued_step: int
+    applied_at_step: int | None
+    decided_at_step: int | None
+    value: float | None
+    evidence: dict[str, float]
+    reason: str
+    emitted_ns: int
 
 
 class LogRecord(TypedDict):

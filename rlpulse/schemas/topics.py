@@ -36,6 +36,11 @@ class Topics:
         return f"{self.prefix}.acks"
 
     @property
+    def verdicts(self) -> str:
+        """ActionVerdict, keyed by run id: whether a rule's applied command did what it expected."""
+        return f"{self.prefix}.verdicts"
+
+    @property
     def logs(self) -> str:
         """LogRecord (the trainers' text log records), keyed by run id; never read by the worker."""
         return f"{self.prefix}.logs"
@@ -62,7 +67,7 @@ class Topics:
 
     def keyed_by_run(self) -> tuple[str, ...]:
         """The topics whose partitions must line up (same count, same key -> same partition)."""
-        return (self.events, self.steps, self.control, self.acks, self.ticks)
+        return (self.events, self.steps, self.control, self.acks, self.ticks, self.verdicts)
 
     def all(self) -> tuple[str, ...]:
         """Every topic, in creation order."""

@@ -1,4 +1,4 @@
-"""The pure step pipeline: events in; step summaries and the commands they trigger out.
+"""The pure step pipeline: events and acks in; summaries, commands and verdicts out.
 
 :class:`StepPipeline` joins events with a :class:`~rlpulse.streams.joiner.StepJoiner` and
 evaluates each summary the joiner releases with the current
@@ -6,7 +6,10 @@ evaluates each summary the joiner releases with the current
 mapping under :func:`~rlpulse.streams.keys.run_key`. It imports neither Kafka clients nor
 faust: the worker drives it with its faust tables (and publishes what comes out), the
 backtest with plain dicts over a recording, so both issue the same commands by
-construction, not by two loops kept alike.
+construction, not by two loops kept alike. The same state carries the checks of the
+commands whose rules ``expect`` an effect (:mod:`rlpulse.rules.verdicts`): each evaluated
+summary, each trainer ack (:meth:`StepPipeline.acknowledge`) and each ``run_end`` may decide
+verdicts.
 
 A rule engine that raises on a summary does not stop the pipeline: that summary comes out
 with the error and no commands (the worker dead-letters it), its run's rule state stays as
@@ -19,9 +22,16 @@ from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlpulse.rules import verdicts
 from rlpulse.rules.evaluator import RuleEngine
-from rlpulse.rules.state import RunState
-from rlpulse.schemas.records import ControlCommand, StepSummary, TrainerEvent
+from rlpulse.rules.state import RunState, new_run_state
+from rlpulse.schemas.records import (
+    ActionVerdict,
+    CommandAck,
+    ControlCommand,
+    StepSummary,
+    TrainerEvent,
+)
 from rlpulse.settings import EventLimits, JoinerSettings
 from rlpulse.streams.joiner import GroupState, JoinerStage, StepJoiner
 from rlpulse.streams.keys import run_key
@@ -37,6 +47,8 @@ class Released:
     commands: list[ControlCommand] = field(default_factory=list)
     error: str | None = None
     """Why the rule engine failed on this summary (then there are no commands)."""
+    verdicts: list[ActionVerdict] = field(default_factory=list)
+    """The verdicts this summary decided."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,8 @@ class StepOutput:
     """Why the event was refused (``invalid: ...``, ``too_large: ...``, ``too_late: ...``)."""
     duplicate: bool = False
     """The event was a duplicate by (producer_id, seq) and changed nothing."""
+    ended: list[ActionVerdict] = field(default_factory=list)
+    """Verdicts decided by a ``run_end`` or an ack, after those of ``released``."""
 
     @property
     def summaries(self) -> list[StepSummary]:
@@ -58,6 +72,11 @@ class StepOutput:
     def commands(self) -> list[ControlCommand]:
         """Every command issued, in order."""
         return [command for item in self.released for command in item.commands]
+
+    @property
+    def verdicts(self) -> list[ActionVerdict]:
+        """Every verdict decided, in order."""
+        return [v for item in self.released for v in item.verdicts] + self.ended
 
 
 @dataclass
@@ -93,11 +112,30 @@ class StepPipeline:
         self._engine = engine
 
     def add(self, event: TrainerEvent, now_ns: int) -> StepOutput:
-        """Join one event at wall-clock ``now_ns`` and evaluate what it released."""
+        """Join one event at wall-clock ``now_ns`` and evaluate what it released.
+
+        A ``run_end`` also decides the run attempt's open checks (``unknown``), after the
+        summaries it released were evaluated.
+        """
         outcome = self.joiner.add(event, now_ns)
-        return StepOutput(
-            self._evaluate(outcome.summaries, now_ns), outcome.rejected, outcome.duplicate
-        )
+        released = self._evaluate(outcome.summaries, now_ns)
+        ended: list[ActionVerdict] = []
+        if event["kind"] == "run_end" and outcome.rejected is None:
+            key = run_key(event["run_id"], event["attempt"])
+            state: RunState | None = self.tables.rules.get(key)
+            if state is not None and state.get("checks"):
+                ended = verdicts.end_attempt(state, now_ns)
+                self.tables.rules[key] = state
+        return StepOutput(released, outcome.rejected, outcome.duplicate, ended)
+
+    def acknowledge(self, ack: CommandAck, now_ns: int) -> StepOutput:
+        """Take a trainer's ack: it may decide its command's verdict (in ``ended``)."""
+        key = run_key(ack["run_id"], ack["attempt"])
+        stored: RunState | None = self.tables.rules.get(key)
+        state = stored if stored is not None else new_run_state(ack["run_id"], ack["attempt"])
+        decided = verdicts.acknowledge(state, ack, now_ns)
+        self.tables.rules[key] = state
+        return StepOutput(ended=decided)
 
     def expire(self, now_ns: int, stage_keys: Iterable[str] | None = None) -> StepOutput:
         """Close the steps whose grace ran out and emit the revisions whose linger ran out.
@@ -116,6 +154,7 @@ class StepPipeline:
             except Exception as exc:  # a bug must not stop the pipeline: keep the summary
                 released.append(Released(summary, error=f"rule engine: {exc!r}"))
                 continue
+            decided = verdicts.observe(state, summary, now_ns)
             self.tables.rules[key] = state
-            released.append(Released(summary, commands))
+            released.append(Released(summary, commands, verdicts=decided))
         return released

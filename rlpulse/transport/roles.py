@@ -11,13 +11,13 @@ anything not granted is denied.
   twice); reads its run's partition of events and logs back before it sends records again
   after a failed delivery or a kill (so that none arrives twice); its control client's
   consumer groups.
-- ``worker``: reads events, rules and its grace-timer ticks; writes summaries, commands,
-  dead letters and ticks; owns faust's internal topics (changelogs, the assignor's leader
-  topic, all named ``<group>-...``; it may raise their ``max.message.bytes`` to
-  ``worker.state_max_bytes``) and its consumer group; creates rlpulse's topics at
-  start-up, so it may see and create every topic under the prefix (it reads none it was
-  not granted).
-- ``operator``: writes commands and rules; reads acks and summaries.
+- ``worker``: reads events, acks (for the verdicts), rules and its grace-timer ticks;
+  writes summaries, commands, verdicts, dead letters and ticks; owns faust's internal
+  topics (changelogs, the assignor's leader topic, all named ``<group>-...``; it may raise
+  their ``max.message.bytes`` to ``worker.state_max_bytes``) and its consumer group;
+  creates rlpulse's topics at start-up, so it may see and create every topic under the
+  prefix (it reads none it was not granted).
+- ``operator``: writes commands and rules; reads acks, summaries and verdicts.
 - ``reader`` (exporter, dashboards, ``rlpulse query``): reads every topic under the prefix
   and writes nothing but the offsets of its own consumer groups (the exporter's, the
   archiver's, and any named ``<prefix>-reader-...``); it may look at the worker group's
@@ -111,10 +111,12 @@ def role_grants(
         grants = [
             _topic(f"{prefix}.", "DESCRIBE", "CREATE", prefixed=True),
             _topic(topics.events, "READ"),
+            _topic(topics.acks, "READ"),
             _topic(topics.rules, "READ"),
             _topic(topics.ticks, "READ", "WRITE"),
             _topic(topics.steps, "WRITE"),
             _topic(topics.control, "WRITE"),
+            _topic(topics.verdicts, "WRITE"),
             _topic(topics.dlq, "WRITE"),
             _topic(
                 f"{worker_group}-",
@@ -134,6 +136,7 @@ def role_grants(
             _topic(topics.rules, "WRITE"),
             _topic(topics.acks, "READ"),
             _topic(topics.steps, "READ"),
+            _topic(topics.verdicts, "READ"),
             _group(f"{prefix}-operator-", "READ", prefixed=True),
         ]
     elif role in ("reader", "archiver"):

@@ -403,23 +403,29 @@ class RunData:
         return answer
 
     def commands(self, run_id: str) -> list[dict[str, Any]]:
-        """Every command of the run with its ack (if any): rule, reason, actions, applied step."""
+        """Every command of the run with its ack and verdict, if any.
+
+        Rule, reason, actions, the applied step, and whether it worked.
+        """
         rows = self._query(
             "SELECT c.command_id, c.stage, c.step, c.origin, c.rule_id, c.dry_run, c.reason, "
             "list_transform(c.actions, lambda x: x.type) AS actions, c.issued_ns, a.status, "
-            "a.applied_at_step, a.detail FROM (SELECT * FROM commands WHERE "
+            "a.applied_at_step, a.detail, v.verdict, v.decided_at_step, "
+            "v.reason AS verdict_reason FROM (SELECT * FROM commands WHERE "
             f"{_RUN} QUALIFY row_number() OVER (PARTITION BY command_id ORDER BY attempt DESC) "
             f"= 1) c LEFT JOIN (SELECT * FROM acks WHERE {_RUN} QUALIFY row_number() OVER "
             "(PARTITION BY command_id ORDER BY acked_ns DESC) = 1) a USING (command_id) "
+            f"LEFT JOIN (SELECT * FROM verdicts WHERE {_RUN} QUALIFY row_number() OVER "
+            "(PARTITION BY command_id ORDER BY emitted_ns) = 1) v USING (command_id) "
             "ORDER BY c.issued_ns",
-            [*self._run(run_id), *self._run(run_id)],
+            [*self._run(run_id), *self._run(run_id), *self._run(run_id)],
         )
         for row in rows:
             row["issued"] = _iso(row.pop("issued_ns"))
         return jsonable(rows)  # type: ignore[no-any-return]
 
     def step(self, run_id: str, step: int, margin_s: float = 2.0) -> dict[str, Any]:
-        """Everything about one step: summaries, ranks' metrics, logs, commands, acks.
+        """Everything about one step: summaries, ranks' metrics, logs, commands, acks, verdicts.
 
         Log records come most severe first, then in time order.
         """
@@ -443,6 +449,7 @@ class RunData:
                 "logs": logs,
                 "commands": _distinct(context.commands.dicts(), ("command_id",)),
                 "acks": _distinct(context.acks.dicts(), ("command_id", "status")),
+                "verdicts": _distinct(context.verdicts.dicts(), ("command_id",)),
             }
         )
         return answer

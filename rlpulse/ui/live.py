@@ -2,9 +2,9 @@
 
 The archive is written in rolls (``archive.roll_s``, 5 minutes by default), so a running
 run's newest steps are on Kafka before they are in Parquet. :class:`LiveTail` reads
-``<prefix>.steps``, ``.control``, ``.acks``, ``.events`` and ``.logs`` from ``lookback_s``
-before its start (``offsets_for_times``, every partition, no consumer group: it commits
-nothing), turns each message into rows exactly as the archiver does
+``<prefix>.steps``, ``.control``, ``.acks``, ``.verdicts``, ``.events`` and ``.logs`` from
+``lookback_s`` before its start (``offsets_for_times``, every partition, no consumer group:
+it commits nothing), turns each message into rows exactly as the archiver does
 (:meth:`~rlpulse.archive.tables.Table.rows`), and keeps the rows of the last ``lookback_s``
 seconds (by the records' Kafka time) as Arrow tables that :mod:`rlpulse.ui.data` puts beside
 the archive's. A record both here and in the archive is read twice; the page's queries are
@@ -32,7 +32,7 @@ __all__ = ["LIVE_TABLES", "LiveTail"]
 
 log = logging.getLogger(__name__)
 
-LIVE_TABLES: Final = ("steps", "commands", "acks", "events", "logs")
+LIVE_TABLES: Final = ("steps", "commands", "acks", "verdicts", "events", "logs")
 """The archive tables the live tail keeps (not audits or dead letters)."""
 _RETRY_S: Final = 5.0
 

@@ -191,6 +191,11 @@ def test_each_command_is_marked_at_its_applied_step_with_its_explanation(
     assert sorted(shapes) == sorted(doublings + stop)  # a line across the chart at each
     table = page.locator("#commands").inner_text()
     assert table.count("unstable-reward") == len(doublings) and "kl-guard" in table
+    # The demo's two doublings did not calm the reward; the firings at the cap were noops.
+    assert "verdict" in table
+    for applied in sorted(doublings)[:2]:
+        assert f"ineffective at {applied + 10}" in table, table
+    assert table.count("unknown") == len(doublings) - 2, table
 
 
 def test_a_click_on_the_stop_step_opens_its_errors_and_its_command(

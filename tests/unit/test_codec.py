@@ -172,6 +172,24 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "clocks": [{"hostname": "node-7", "offset_ms": 1.5, "records": 98}],
         "summary": "2 records lost",
     },
+    "ActionVerdict": {
+        "verdict_id": "v-1",
+        "command_id": "c-1",
+        "run_id": "run-1",
+        "attempt": 0,
+        "stage": "rollout",
+        "rule_id": "unstable-reward",
+        "rule_version": "0a1b2c3d4e5f",
+        "verdict": "ineffective",
+        "expectation": "var of reward_mean over 5 steps (mean over ranks) <= 0.5 within 10 steps",
+        "issued_step": 21,
+        "applied_at_step": 22,
+        "decided_at_step": 32,
+        "value": 0.73,
+        "evidence": {"step_27": 0.9, "step_32": 0.73},
+        "reason": "not met in steps 23..32",
+        "emitted_ns": 7,
+    },
 }
 
 

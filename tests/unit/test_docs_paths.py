@@ -21,7 +21,7 @@ EXAMPLES = {"rules/my-rules.yaml"}  # what a user writes, not a file of the repo
 
 
 def texts() -> dict[Path, str]:
-    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "rlpulse/rules/README.md"]
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
     files += [*(ROOT / "tests").rglob("*.py"), *(ROOT / "rlpulse").rglob("*.py")]
     return {path: path.read_text() for path in files}
 

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.rules.arith import zscore
+from rlpulse.schemas.records import ActionVerdict
 from rlpulse.settings import ExporterSettings
 from rlpulse.streams.exporter.collector import ExporterCollector, reserved_names
 from rlpulse.streams.exporter.naming import sanitise
@@ -252,6 +253,31 @@ def test_an_event_the_worker_would_dead_letter_is_dropped_and_counted() -> None:
     state.add_event(event(0, -1, {"reward_mean": 1.0}), live=True)  # negative step
     assert names_of(state, "verl_") == set()
     assert state.dropped["invalid"] == 2
+
+
+def test_verdicts_count_per_rule_and_verdict_each_id_once() -> None:
+    state = new_state()
+
+    def verdict(verdict_id: str, kind: str) -> ActionVerdict:
+        return {
+            "verdict_id": verdict_id, "command_id": f"c-{verdict_id}", "run_id": "r1",
+            "attempt": 0, "stage": "rollout", "rule_id": "unstable-reward",
+            "rule_version": "v", "verdict": kind,  # type: ignore[typeddict-item]
+            "expectation": "e", "issued_step": 21, "applied_at_step": 22,
+            "decided_at_step": 32, "value": 2.1, "evidence": {}, "reason": "r",
+            "emitted_ns": T0,
+        }  # fmt: skip
+
+    state.add_verdict(verdict("a", "ineffective"), live=True)
+    state.add_verdict(verdict("a", "ineffective"), live=True)  # re-sent after a crash
+    state.add_verdict(verdict("b", "ineffective"), live=True)
+    state.add_verdict(verdict("c", "unknown"), live=True)
+    state.add_verdict(verdict("d", "effective"), live=False)  # from the lookback: not counted
+    labels = {"run": "r1", "rule": "unstable-reward"}
+    family = "rlpulse_run_action_verdicts_total"
+    assert value(state, family, verdict="ineffective", **labels) == 2.0
+    assert value(state, family, verdict="unknown", **labels) == 1.0
+    assert value(state, family, verdict="effective", **labels) is None
 
 
 def test_commands_and_acks_count_per_rule_action_and_status() -> None:

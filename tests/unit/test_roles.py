@@ -30,16 +30,18 @@ def test_trainer_writes_events_logs_acks_and_reads_control_acks_and_its_own_back
 
 
 def test_worker_topics() -> None:
-    assert allowed("worker", "READ") == {TOPICS.events, TOPICS.rules, TOPICS.ticks, "p-worker-*"}
+    assert allowed("worker", "READ") == {
+        TOPICS.events, TOPICS.acks, TOPICS.rules, TOPICS.ticks, "p-worker-*",
+    }  # fmt: skip
     assert allowed("worker", "WRITE") == {
-        TOPICS.steps, TOPICS.control, TOPICS.dlq, TOPICS.ticks, "p-worker-*",
+        TOPICS.steps, TOPICS.control, TOPICS.verdicts, TOPICS.dlq, TOPICS.ticks, "p-worker-*",
     }  # fmt: skip
     assert allowed("worker", "CREATE") == {"p.*", "p-worker-*"}
 
 
-def test_operator_writes_control_and_rules_and_reads_acks_and_steps() -> None:
+def test_operator_writes_control_and_rules_and_reads_acks_steps_and_verdicts() -> None:
     assert allowed("operator", "WRITE") == {TOPICS.control, TOPICS.rules}
-    assert allowed("operator", "READ") == {TOPICS.acks, TOPICS.steps}
+    assert allowed("operator", "READ") == {TOPICS.acks, TOPICS.steps, TOPICS.verdicts}
 
 
 def test_reader_reads_everything_and_writes_nothing() -> None:

@@ -42,6 +42,14 @@ def test_seed_preset_loads() -> None:
             "mode": "enforce",
             "match": None,
             "actions": [{"scale_rollout_batch": {"factor": 2.0, "min": None, "max": 256}}],
+            "expect": {
+                "metric": None,
+                "stage": None,
+                "across_ranks": None,
+                "over_steps": {"window": 5, "stat": "var"},
+                "when": "<= 0.5",
+                "within_steps": 10,
+            },
         },
         {
             "id": "kl-guard",
@@ -57,6 +65,7 @@ def test_seed_preset_loads() -> None:
             "mode": "enforce",
             "match": None,
             "actions": [{"checkpoint": {"tag": "kl_violation"}}, {"stop": {}}],
+            "expect": None,
         },
     ]
     for rule in seed.rules:
@@ -136,8 +145,8 @@ WHEN_SYNTAX = (
 QUOTE_HINT = "(quote values that start with '>', '|' or '!', e.g. when: \"> 0.5\")"
 ACTIONS = "expected one of: stop, checkpoint, alert, scale_rollout_batch, set"
 RULE_KEYS = (
-    "expected one of: across_ranks, actions, cooldown_steps, description, for_steps, id, "
-    "match, metric, mode, once, over_steps, stage, when"
+    "expected one of: across_ranks, actions, cooldown_steps, description, expect, for_steps, "
+    "id, match, metric, mode, once, over_steps, stage, when"
 )
 
 # Every *.bad.yaml fixture -> its problems, exactly as reported after "<file>:".

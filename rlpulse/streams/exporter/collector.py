@@ -120,6 +120,13 @@ FAMILIES: Final = {
             "Command acknowledgements, since the exporter started",
         ),
         Family(
+            "rlpulse_run_action_verdicts_total",
+            "counter",
+            ("run", "rule", "verdict"),
+            "Verdicts on rule commands (effective, ineffective, unknown), since the exporter "
+            "started",
+        ),
+        Family(
             "rlpulse_run_last_command_timestamp_seconds",
             "gauge",
             ("run", "rule", "actions", "dry_run"),
@@ -284,6 +291,8 @@ class ExporterCollector(Collector):
                 )
             for (rule, status), count in run.acks.items():
                 runs["rlpulse_run_acks_total"].add_metric((run_id, rule, status), count)
+            for (rule, verdict), count in run.verdicts.items():
+                runs["rlpulse_run_action_verdicts_total"].add_metric((run_id, rule, verdict), count)
             for (rule, actions, dry_run), issued_s in run.last_command_s.items():
                 runs["rlpulse_run_last_command_timestamp_seconds"].add_metric(
                     (run_id, rule, actions, label_flag(dry_run)), issued_s

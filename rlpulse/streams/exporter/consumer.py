@@ -2,9 +2,9 @@
 
 The exporter is not a member of a consumer group that shares partitions: each exporter needs
 every record to hold every run's latest values. It assigns itself all partitions of
-``<prefix>.events``, ``.steps``, ``.control``, ``.acks``, ``.dlq`` and ``.logs`` (of which it
-reads only whose records they are and their levels) and starts each at the
-first record written in the last ``lookback_s`` (``offsets_for_times``), not at a committed
+``<prefix>.events``, ``.steps``, ``.control``, ``.acks``, ``.verdicts``, ``.dlq`` and
+``.logs`` (of which it reads only whose records they are and their levels) and starts each
+at the first record written in the last ``lookback_s`` (``offsets_for_times``), not at a committed
 offset. Records before each partition's end at start are the lookback (``live`` False); the
 rest are live. It still commits its positions under its own group id, so the lag of the
 exporter shows with the worker's (``rlpulse_consumer_lag_messages``) and in Kafka's tools.
@@ -26,7 +26,13 @@ from confluent_kafka._types import HeadersType
 from rlpulse.oncelog import WarnOnce
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError, DecodeFailure
-from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary, TrainerEvent
+from rlpulse.schemas.records import (
+    ActionVerdict,
+    CommandAck,
+    ControlCommand,
+    StepSummary,
+    TrainerEvent,
+)
 from rlpulse.schemas.topics import REASON_HEADER, Topics
 from rlpulse.settings import Settings
 from rlpulse.streams.exporter.state import LogTally
@@ -38,9 +44,9 @@ __all__ = ["ROLES", "Incoming", "Role", "TopicReader"]
 
 log = logging.getLogger(__name__)
 
-Role = Literal["events", "steps", "control", "acks", "dlq", "logs"]
-ROLES: Final[tuple[Role, ...]] = ("events", "steps", "control", "acks", "dlq", "logs")
-Record = TrainerEvent | StepSummary | ControlCommand | CommandAck | LogTally | str
+Role = Literal["events", "steps", "control", "acks", "verdicts", "dlq", "logs"]
+ROLES: Final[tuple[Role, ...]] = ("events", "steps", "control", "acks", "verdicts", "dlq", "logs")
+Record = TrainerEvent | StepSummary | ControlCommand | CommandAck | ActionVerdict | LogTally | str
 """A decoded record; for the dead-letter topic, the message's reason header; for the logs
 topic, a :class:`LogTally`."""
 
@@ -66,6 +72,7 @@ class TopicReader:
             "steps": self.codec.decode_summary,
             "control": self.codec.decode_command,
             "acks": self.codec.decode_ack,
+            "verdicts": self.codec.decode_verdict,
             "logs": self._log_tally,
         }
         self._consumer: Consumer | None = None

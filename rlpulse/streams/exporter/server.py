@@ -21,7 +21,7 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
+from rlpulse.schemas.records import ActionVerdict, CommandAck, ControlCommand, StepSummary
 from rlpulse.settings import Settings
 from rlpulse.streams.exporter.alerts import AlertForwarder, command_alert, notified_actions
 from rlpulse.streams.exporter.collector import ExporterCollector, reserved_names
@@ -181,6 +181,8 @@ class Exporter:
                             alerts.append(alert)
                 elif role == "acks":
                     state.add_ack(cast(CommandAck, record), live)
+                elif role == "verdicts":
+                    state.add_verdict(cast(ActionVerdict, record), live)
                 elif role == "logs":
                     state.add_logs(cast(LogTally, record), live)
                 else:

@@ -28,6 +28,7 @@ from typing import Final, get_args
 
 from rlpulse.rules.arith import zscore
 from rlpulse.schemas.records import (
+    ActionVerdict,
     CommandAck,
     ControlCommand,
     MetricStats,
@@ -170,6 +171,11 @@ class RunState:
     """Live commands by (rule, action type, dry run)."""
     acks: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Live acks by (rule, status)."""
+    verdicts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Live verdicts by (rule, verdict), each verdict id once."""
+    verdict_ids: dict[str, None] = field(default_factory=dict)
+    """The verdict ids seen (the newest :data:`MAX_COMMANDS_REMEMBERED`): a copy re-sent
+    after a worker's crash counts once."""
     last_command_s: dict[tuple[str, str, bool], float] = field(default_factory=dict)
     """Issue time of the latest command by (rule, its action types joined by ',', dry run)."""
     command_rules: dict[str, str] = field(default_factory=dict)
@@ -396,6 +402,19 @@ class ExporterState:
         run.seen(ack["acked_ns"])
         if live:
             run.acks[(run.command_rules.get(ack["command_id"], UNKNOWN_RULE), ack["status"])] += 1
+
+    def add_verdict(self, verdict: ActionVerdict, live: bool) -> None:
+        """An ActionVerdict: counted per rule and verdict, each verdict id once."""
+        run = self._run(verdict["run_id"])
+        run.seen(verdict["emitted_ns"])
+        seen = run.verdict_ids
+        if verdict["verdict_id"] in seen:
+            return
+        seen[verdict["verdict_id"]] = None
+        if len(seen) > MAX_COMMANDS_REMEMBERED:
+            del seen[next(iter(seen))]
+        if live:
+            run.verdicts[(verdict["rule_id"], verdict["verdict"])] += 1
 
     def add_logs(self, tally: LogTally, live: bool) -> None:
         """The log records of one message: counted per host and level (live ones only)."""

@@ -2,7 +2,9 @@
 
 Every worker runs one agent in one consumer group, so Kafka hands whole runs (partitions)
 to workers and moves them, with their table state, when workers come and go. The agent
-reads ``<prefix>.events`` and ``<prefix>.ticks``. Events go into
+reads ``<prefix>.events``, ``<prefix>.ticks`` and ``<prefix>.acks`` (the trainers' acks,
+co-partitioned with the events: they feed the checks of rules that ``expect`` an effect,
+whose verdicts go to ``<prefix>.verdicts``; see :mod:`rlpulse.rules.verdicts`). Events go into
 :class:`~rlpulse.streams.joiner.StepJoiner`; ticks (one per partition per
 ``tick_interval_s``, sent by every worker's timer) close the groups whose grace period ran
 out. Ticks travel through Kafka so that the timer's table writes happen inside the stream,
@@ -74,6 +76,7 @@ from prometheus_client import CollectorRegistry
 
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError
+from rlpulse.schemas.records import ActionVerdict
 from rlpulse.schemas.signing import sign
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.schemas.validation import size_problem
@@ -302,6 +305,7 @@ class WorkerApp:
         self.ticks_name = topics.ticks
         self.events_name = topics.events
         self.steps_name = topics.steps
+        self.acks_name = topics.acks
 
         self.groups = table("joiner-groups", encoded_values=True)
         self.stages = table("joiner-stages")
@@ -326,9 +330,9 @@ class WorkerApp:
         self._deliveries: list[Awaitable[Any]] = []
         self._held: list[tuple[Released, Any]] = []
 
-        self.app.agent(self.app.topic(topics.events, topics.ticks), name="rlpulse.joiner")(
-            self._join_agent
-        )
+        self.app.agent(
+            self.app.topic(topics.events, topics.ticks, topics.acks), name="rlpulse.joiner"
+        )(self._join_agent)
         self.app.timer(settings.worker.tick_interval_s, name="rlpulse.ticks")(self._send_ticks)
         self.app.on_partitions_revoked.connect(self._on_revoked)
 
@@ -388,10 +392,13 @@ class WorkerApp:
                 self.metrics.ticks_deferred.inc()
                 return
             released = self._on_tick(message.partition)
-        elif await self._admit(message):
-            released = await self._on_event(message, self._deliveries)
-        else:
+        elif not await self._admit(message):
             return
+        elif message.topic == self.acks_name:
+            await self._on_ack(message)
+            return
+        else:
+            released = await self._on_event(message, self._deliveries)
         for item in released:
             self._held.append((item, message))
             if item.commands:
@@ -436,7 +443,32 @@ class WorkerApp:
             self.metrics.duplicates.inc()
         if output.rejected is not None:
             deliveries.append(await self._dead_letter(message, output.rejected))
+        deliveries += await self._send_verdicts(output.ended)
         return output.released
+
+    async def _on_ack(self, message: Any) -> None:
+        """Take a trainer's ack: the verdict it decides is sent at once."""
+        try:
+            ack = self.codec.decode_ack(message.value or b"")
+        except DecodeError as exc:
+            self._deliveries.append(await self._dead_letter(message, f"undecodable: {exc}"))
+            return
+        try:
+            output = self.pipeline.acknowledge(ack, time.time_ns())
+        except Exception as exc:  # a bug must not stop the worker: keep the ack for a fix
+            log.exception("verdict check failed on %s", _source(message))
+            self._deliveries.append(await self._dead_letter(message, f"error: {exc!r}"))
+            return
+        self._deliveries += await self._send_verdicts(output.ended)
+
+    async def _send_verdicts(self, verdicts: list[ActionVerdict]) -> list[Awaitable[Any]]:
+        deliveries: list[Awaitable[Any]] = []
+        for verdict in verdicts:
+            self.metrics.verdicts.labels(verdict["rule_id"], verdict["verdict"]).inc()
+            encoded = self.codec.encode("ActionVerdict", verdict)
+            key = verdict["run_id"].encode()
+            deliveries.append(await self.outbox.send(self.topics.verdicts, key, encoded))
+        return deliveries
 
     async def _admit(self, message: Any) -> bool:
         """Whether to process a delivered message; seeks back over a gap in its partition.
@@ -585,7 +617,7 @@ class WorkerApp:
                     self.topics.control, key, self.codec.encode("ControlCommand", signed)
                 )
             )
-        return deliveries
+        return deliveries + await self._send_verdicts(item.verdicts)
 
     async def _send_ticks(self) -> None:
         for partition in range(self.settings.worker.partitions):

@@ -41,6 +41,12 @@ class WorkerMetrics:
             ["rule_id", "dry_run"],
             registry=registry,
         )
+        self.verdicts = Counter(
+            "rlpulse_verdicts_total",
+            "Verdicts on rule commands published (a re-sent one after a crash counts again).",
+            ["rule_id", "verdict"],
+            registry=registry,
+        )
         self.rules_updates = Counter(
             "rlpulse_rules_updates_total",
             "Rules texts offered to the worker, by outcome (loaded or refused).",

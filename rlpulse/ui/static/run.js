@@ -178,12 +178,19 @@ async function drawTiming(prefetched) {
 function drawCommands() {
   const box = document.getElementById("commands");
   if (!state.commands.length) { box.replaceChildren(el("div", "No commands for this run.", "hint")); return; }
-  const t = table(["applied at", "rule", "actions", "status", "issued for", "reason", "detail"], state.commands, null, (c, r) => ({
+  const t = table(["applied at", "rule", "actions", "status", "verdict", "issued for", "reason", "detail"], state.commands, null, (c, r) => ({
     "applied at": r.applied_at_step, "rule": r.rule_id || r.origin, "actions": (r.actions || []).join(", "),
-    "status": r.status || "no ack yet", "issued for": r.step, "reason": r.reason, "detail": r.detail ? Object.entries(r.detail).map(([k, v]) => `${k}=${v}`).join(", ") : "",
+    "status": r.status || "no ack yet", "verdict": verdictText(r), "issued for": r.step, "reason": r.reason, "detail": r.detail ? Object.entries(r.detail).map(([k, v]) => `${k}=${v}`).join(", ") : "",
   })[c]);
+  t.querySelectorAll("tbody tr").forEach((tr, i) => { const why = state.commands[i].verdict_reason; if (why) tr.title = why; });
   t.querySelectorAll("tbody tr").forEach((tr, i) => { tr.style.cursor = "pointer"; tr.onclick = () => openStep(markStep(state.commands[i])); });
   box.replaceChildren(t);
+}
+
+// "ineffective at 32", "effective at 26", "unknown"; nothing when the rule expects nothing.
+function verdictText(r) {
+  if (!r.verdict) return "";
+  return r.decided_at_step == null ? r.verdict : `${r.verdict} at ${r.decided_at_step}`;
 }
 
 function logRows(logs) {
@@ -209,6 +216,10 @@ async function openStep(step) {
     parts.push(table(["rule_id", "origin", "actions", "reason"], s.commands, null, (c, r) => c === "actions" ? (r.actions || []).map(a => a.type).join(", ") : r[c]));
     parts.push(table(["command_id", "status", "applied_at_step", "detail"], s.acks, null, (c, r) => fmt(r[c])));
   } else parts.push(el("div", "No command was issued for or applied at this step.", "hint"));
+  if (s.verdicts.length) {
+    parts.push(el("h3", "Verdicts"));
+    parts.push(table(["rule_id", "verdict", "applied_at_step", "decided_at_step", "reason"], s.verdicts, null, (c, r) => fmt(r[c])));
+  }
   parts.push(el("h3", `Log records (${s.logs.length}; most severe first)`));
   const filters = el("div", null, "controls");
   filters.innerHTML = '<label>level <select id="log-level"><option value="">all</option><option>CRITICAL</option><option>ERROR</option><option>WARNING</option><option>INFO</option><option>DEBUG</option></select></label> <label>rank <input id="log-rank" size="5"></label> <label>text <input id="log-text" size="24"></label>';
