@@ -11,10 +11,18 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 from rlpulse.rules.arith import WINDOW_STATS
-from rlpulse.rules.model import Comparison, Condition, NonFinite, Outside, Rule, RuleSet
+from rlpulse.rules.model import (
+    Comparison,
+    Condition,
+    NonFinite,
+    Outside,
+    Rule,
+    RuleSet,
+    reduction_of,
+)
 from rlpulse.rules.model import format_number as _exact
 from rlpulse.rules.state import (
     Point,
@@ -31,21 +39,11 @@ from rlpulse.schemas.records import Action, ControlCommand, MetricStats, StepSum
 COMMAND_NAMESPACE: Final = uuid.UUID("6f1c2a57-93e4-5d0b-8a3e-7c52d1b0e9f4")
 """uuid5 namespace of the ids of rule-issued commands."""
 
-Reduction = Literal["mean", "min", "max", "sum", "std"]
-
 
 def command_id(run_id: str, attempt: int, stage: str, rule: Rule, step: int) -> str:
     """Deterministic id of the command ``rule`` issues at ``step``: a re-run issues the same."""
     name = "\x1f".join((run_id, str(attempt), stage, rule.id, rule.version, str(step)))
     return str(uuid.uuid5(COMMAND_NAMESPACE, name))
-
-
-def _reduction(rule: Rule) -> Reduction:
-    """Return the MetricStats field a step's value is read from (``worst`` follows the test)."""
-    if rule.across_ranks != "worst":
-        return rule.across_ranks
-    upward = isinstance(rule.when, Comparison) and rule.when.op in (">", ">=")
-    return "max" if upward else "min"  # validated: worst comes only with > >= < <=
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ class _RuleEvaluator:
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self.version = rule.version
-        self._reduction = _reduction(rule)
+        self._reduction = reduction_of(rule.across_ranks, rule.when)
         over = rule.over_steps
         self._window_size = over.window if over is not None else 0
         self._window_stat = WINDOW_STATS[over.stat] if over is not None else None

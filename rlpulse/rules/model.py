@@ -465,6 +465,17 @@ _WORST_NEEDS_AN_ORDER: Final[JsonDict] = {
 """``across_ranks: worst`` with a ``when`` that is not an ordered comparison, in JSON Schema."""
 
 
+Reduction = Literal["mean", "min", "max", "sum", "std"]
+
+
+def reduction_of(across_ranks: AcrossRanks, when: Condition) -> Reduction:
+    """The MetricStats field a step's value is read from: ``worst`` follows the condition."""
+    if across_ranks != "worst":
+        return across_ranks
+    upward = isinstance(when, Comparison) and when.op in (">", ">=")
+    return "max" if upward else "min"  # validated: worst comes only with > >= < <=
+
+
 def _check_worst(across_ranks: object, when: Condition) -> Condition:
     """``when`` if it suits ``across_ranks``: worst needs an ordered comparison to pick a side."""
     if across_ranks == "worst" and not (isinstance(when, Comparison) and when.op in _ORDERED_OPS):
@@ -651,6 +662,11 @@ class Rule(_Model):
                 "expect_after_stop",
                 "cannot check a rule that stops the run: no step follows its command",
             )
+        if expect is not None and expect.across_ranks is None:
+            try:
+                _check_worst(info.data.get("across_ranks"), expect.when)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; it is the rule's, or set expect.across_ranks") from None
         return expect
 
     @property

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any, Final, TypedDict, cast
 
 from rlpulse.rules.arith import WINDOW_STATS
-from rlpulse.rules.model import Comparison, Condition, Rule, format_number, parse_condition
+from rlpulse.rules.model import Rule, format_number, parse_condition, reduction_of
 from rlpulse.rules.state import RunState
 from rlpulse.schemas.records import (
     ActionVerdict,
@@ -106,13 +106,6 @@ def verdict_id(command_id: str) -> str:
     return str(uuid.uuid5(VERDICT_NAMESPACE, command_id))
 
 
-def _reduction(across_ranks: str, when: Condition) -> str:
-    if across_ranks != "worst":
-        return across_ranks
-    upward = isinstance(when, Comparison) and when.op in (">", ">=")
-    return "max" if upward else "min"  # validated: worst comes only with > >= < <=
-
-
 def open_check(state: RunState, rule: Rule, metric: str, command: ControlCommand) -> None:
     """Store the check of ``command``, which ``rule`` issued on ``metric`` (its bound name).
 
@@ -140,7 +133,7 @@ def open_check(state: RunState, rule: Rule, metric: str, command: ControlCommand
         "issued_step": command["step"],
         "metrics": names,
         "bound": names[0] if len(names) == 1 else None,
-        "reduction": _reduction(expect.across_ranks or rule.across_ranks, expect.when),
+        "reduction": reduction_of(expect.across_ranks or rule.across_ranks, expect.when),
         "stat": None if over is None else over.stat,
         "window": 1 if over is None else over.window,
         "when": str(expect.when),

@@ -289,3 +289,14 @@ def test_a_malformed_expectation_is_refused_with_file_line_and_column(
     with pytest.raises(RulesError) as caught:
         parse_rules(text, "test.yaml")
     assert f"{where}: [unstable-reward] {message}" in str(caught.value), str(caught.value)
+
+
+def test_an_inherited_worst_needs_an_ordered_expectation_too() -> None:
+    rules = DOUBLE.replace("stage: rollout\n", "stage: rollout\n    across_ranks: worst\n")
+    rules = rules.replace('when: "<= 0.5"', 'when: "outside [0, 1]"')
+    with pytest.raises(RulesError) as caught:
+        parse_rules("version: 1\nrules:\n" + rules, "test.yaml")
+    assert (
+        "[unstable-reward] expect: across_ranks 'worst' needs a >, >=, < or <= condition, got "
+        "'outside [0, 1]'; it is the rule's, or set expect.across_ranks"
+    ) in str(caught.value)
