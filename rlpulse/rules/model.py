@@ -205,6 +205,11 @@ def _validate_metric(value: object) -> str | list[str]:
     )
 
 
+def metric_names(metric: str | list[str]) -> tuple[str, ...]:
+    """A ``metric`` key as written: one name, or aliases in order of preference."""
+    return (metric,) if isinstance(metric, str) else tuple(metric)
+
+
 MetricNames = Annotated[
     str | list[str],
     PlainValidator(_validate_metric),
@@ -672,7 +677,7 @@ class Rule(_Model):
     @property
     def metrics(self) -> tuple[str, ...]:
         """The metric name, or the alias names in order of preference."""
-        return (self.metric,) if isinstance(self.metric, str) else tuple(self.metric)
+        return metric_names(self.metric)
 
     @property
     def stops(self) -> bool:

@@ -37,7 +37,13 @@ from collections.abc import Mapping
 from typing import Any, Final, TypedDict, cast
 
 from rlpulse.rules.arith import WINDOW_STATS
-from rlpulse.rules.model import Rule, format_number, parse_condition, reduction_of
+from rlpulse.rules.model import (
+    Rule,
+    format_number,
+    metric_names,
+    parse_condition,
+    reduction_of,
+)
 from rlpulse.rules.state import RunState
 from rlpulse.schemas.records import (
     ActionVerdict,
@@ -116,13 +122,7 @@ def open_check(state: RunState, rule: Rule, metric: str, command: ControlCommand
     expect = rule.expect
     if expect is None or command["dry_run"]:
         return
-    names = (
-        [metric]
-        if expect.metric is None
-        else [expect.metric]
-        if isinstance(expect.metric, str)
-        else list(expect.metric)
-    )
+    names = [metric] if expect.metric is None else list(metric_names(expect.metric))
     over = expect.over_steps
     check: Check = {
         "command_id": command["command_id"],

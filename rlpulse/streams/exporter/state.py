@@ -24,7 +24,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, get_args
+from typing import Final, TypeVar, get_args
 
 from rlpulse.rules.arith import zscore
 from rlpulse.schemas.records import (
@@ -74,7 +74,9 @@ OPERATOR_RULE: Final = "operator"
 UNKNOWN_RULE: Final = "unknown"
 """The ``rule`` label of acks whose command the exporter has not seen."""
 MAX_COMMANDS_REMEMBERED: Final = 4096
-"""Command ids remembered per run, to attribute acks to their rule."""
+"""Command ids remembered per run, to attribute acks to their rule (and verdict ids, to count
+each once)."""
+_V = TypeVar("_V")
 
 MAX_PLACES_REMEMBERED: Final = 100_000
 """(producer, stage, rank, world size) combinations remembered as valid."""
@@ -387,10 +389,7 @@ class ExporterState:
             for action in types:
                 run.commands[(rule, action, dry_run)] += 1
         run.last_command_s[(rule, ",".join(types), dry_run)] = command["issued_ns"] / NS_PER_S
-        rules = run.command_rules
-        rules[command["command_id"]] = rule
-        if len(rules) > MAX_COMMANDS_REMEMBERED:
-            del rules[next(iter(rules))]
+        _remember(run.command_rules, command["command_id"], rule)
         attempt = command["attempt"]
         first_stop = run.stopped is None or run.stopped[0] < attempt
         if not dry_run and "stop" in types and attempt >= run.attempt and first_stop:
@@ -407,12 +406,9 @@ class ExporterState:
         """An ActionVerdict: counted per rule and verdict, each verdict id once."""
         run = self._run(verdict["run_id"])
         run.seen(verdict["emitted_ns"])
-        seen = run.verdict_ids
-        if verdict["verdict_id"] in seen:
+        if verdict["verdict_id"] in run.verdict_ids:
             return
-        seen[verdict["verdict_id"]] = None
-        if len(seen) > MAX_COMMANDS_REMEMBERED:
-            del seen[next(iter(seen))]
+        _remember(run.verdict_ids, verdict["verdict_id"], None)
         if live:
             run.verdicts[(verdict["rule_id"], verdict["verdict"])] += 1
 
@@ -477,3 +473,10 @@ class ExporterState:
         if emptied:
             self.names.release(emptied)
         return gone
+
+
+def _remember(kept: dict[str, _V], key: str, value: _V) -> None:
+    """Put ``key`` in ``kept``, dropping the oldest key past :data:`MAX_COMMANDS_REMEMBERED`."""
+    kept[key] = value
+    if len(kept) > MAX_COMMANDS_REMEMBERED:
+        del kept[next(iter(kept))]
