@@ -67,6 +67,18 @@ def test_stall_count_grows_while_the_wanted_offset_stands_still_with_messages_un
     assert tracker.stalled_ticks(TP, 43, unread=2) == 1
 
 
+def test_a_burst_of_ticks_counts_once_per_gap() -> None:
+    """Ticks that piled up while a partition had no owner are read at once: one stall tick."""
+    tracker = ReadTracker(min_tick_gap_s=0.9)
+    burst = [tracker.stalled_ticks(TP, 40, unread=5, now=10.0 + i * 0.001) for i in range(6)]
+    assert burst == [0, 0, 0, 0, 0, 0]
+    assert [tracker.stalled_ticks(TP, 40, unread=5, now=t) for t in (11.0, 12.0, 13.0)] == [
+        1,
+        2,
+        3,
+    ]
+
+
 def test_nothing_unread_or_nothing_known_is_never_a_stall() -> None:
     tracker = ReadTracker()
     assert [tracker.stalled_ticks(TP, 40, unread=0) for _ in range(3)] == [0, 0, 0]

@@ -325,7 +325,7 @@ class WorkerApp:
         # Partitions taken over since the last rebalance; what was read of each events
         # partition, and the stall watchdog's counts.
         self._owned: set[int] = set()
-        self.reads = ReadTracker()
+        self.reads = ReadTracker(min_tick_gap_s=0.9 * settings.worker.tick_interval_s)
         # The batch in progress: deliveries to await, released summaries not yet sent.
         self._deliveries: list[Awaitable[Any]] = []
         self._held: list[tuple[Released, Any]] = []
@@ -546,7 +546,7 @@ class WorkerApp:
         """
         tp = TP(self.events_name, partition)
         wanted, unread = self._unread(partition)
-        ticks = self.reads.stalled_ticks(tp, wanted, unread)
+        ticks = self.reads.stalled_ticks(tp, wanted, unread, time.monotonic())
         if wanted is not None and ticks >= self.settings.worker.stall_ticks:
             log.warning(
                 "events partition %d: nothing delivered past offset %d (%d unread) for %d ticks; "

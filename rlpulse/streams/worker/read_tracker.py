@@ -39,11 +39,15 @@ class ReadTracker:
 
     ``max_skip`` bounds a rewind: if the missing offsets never come (a gap that is real, for
     example transaction markers written by a foreign producer), the tracker gives up after
-    skipping that many deliveries and reads on from where it is.
+    skipping that many deliveries and reads on from where it is. ``min_tick_gap_s``: watchdog
+    ticks closer together than this (a backlog of ticks read in a burst after a takeover)
+    count as one, so a stall is a stretch of time, not of tick messages.
     """
 
-    def __init__(self, max_skip: int = 10_000) -> None:
+    def __init__(self, max_skip: int = 10_000, min_tick_gap_s: float = 0.0) -> None:
         self.max_skip = max_skip
+        self.min_tick_gap_s = min_tick_gap_s
+        self._counted_at: dict[Hashable, float] = {}
         self._next: dict[Hashable, int] = {}
         self._rewinds: dict[Hashable, _Rewind] = {}
         self._sought: set[tuple[Hashable, int]] = set()
@@ -84,18 +88,23 @@ class ReadTracker:
         self._next[tp] = offset + 1 if wanted is None else max(wanted, offset + 1)
         return Verdict.PROCESS
 
-    def stalled_ticks(self, tp: Hashable, wanted: int | None, unread: int) -> int:
+    def stalled_ticks(self, tp: Hashable, wanted: int | None, unread: int, now: float = 0.0) -> int:
         """Count one watchdog tick on ``tp``: for how many ticks in a row it has not moved.
 
         ``wanted`` is the next offset wanted from ``tp`` now and ``unread`` how many messages
         lie beyond it. 0 when the wanted offset moved since the last tick or nothing is unread.
+        A tick within ``min_tick_gap_s`` (by ``now``, monotonic seconds) of the last one
+        counted does not count again.
         """
         if wanted is None or unread <= 0:
             self._stalls.pop(tp, None)
             return 0
         since, ticks = self._stalls.get(tp, (wanted, -1))
+        if since == wanted and ticks >= 0 and now - self._counted_at[tp] < self.min_tick_gap_s:
+            return ticks
         ticks = ticks + 1 if since == wanted else 0
         self._stalls[tp] = (wanted, ticks)
+        self._counted_at[tp] = now
         return ticks
 
     def rewound(self, tp: Hashable) -> None:
@@ -108,3 +117,4 @@ class ReadTracker:
         self._rewinds.clear()
         self._sought.clear()
         self._stalls.clear()
+        self._counted_at.clear()
