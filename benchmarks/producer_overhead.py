@@ -18,7 +18,8 @@ starts its producer there) and left out of the percentiles. Scenarios:
   the ``close()`` after it.
 
 Prints one JSON object per line, then the ratios wandb/rlpulse and the two targets:
-rlpulse p50 at most a tenth of wandb's, and p99 under 1 ms with the broker down.
+rlpulse p50 at most a 25th of wandb's (stretch: a 50th), and p99 under 1 ms with the broker
+down.
 
 ``--baseline DIR`` first runs the benchmark of another source tree (an earlier commit
 checked out in DIR: its own copy of this script against its own rlpulse) and prints its
@@ -196,8 +197,9 @@ def measure(calls: int, metric_count: int) -> None:
                 broker=scenario,
                 wandb_over_rlpulse_p50=round(ratio, 1),
                 wandb_over_rlpulse_p99=round(wandb_figures["p99_us"] / figures["p99_us"], 1),
-                target="rlpulse p50 <= wandb p50 / 10",
-                met=ratio >= 10,
+                target="rlpulse p50 <= wandb p50 / 25 (stretch / 50)",
+                met=ratio >= 25,
+                stretch_met=ratio >= 50,
             )
     for scenario in ("down", "down_spooling"):
         p99 = results[scenario]["p99_us"]

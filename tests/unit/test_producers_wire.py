@@ -122,6 +122,50 @@ def test_a_changed_schema_falls_back_to_the_codec_and_says_so(
     )
 
 
+class _Scalar:
+    """A one-number object, like a numpy scalar or a one-element tensor."""
+
+    def __float__(self) -> float:
+        return 2.5
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    names=st.lists(st.lists(TEXT, min_size=1, max_size=6, unique=True), min_size=1, max_size=4),
+    picks=st.lists(st.tuples(st.integers(0, 3), st.floats() | st.integers(-(2**53), 2**53))),
+)
+def test_one_encoder_matches_the_codec_as_metric_names_repeat_and_change(
+    names: list[list[str]], picks: list[tuple[int, float]]
+) -> None:
+    codec = default_codec()
+    encoder = EventEncoder(source(), codec, EventLimits())
+    for seq, (which, value) in enumerate(picks):
+        metrics = {name: value for name in names[which % len(names)]}
+        event = EventFields("metrics", seq, "trainer", 8, metrics)
+        timestamp_ns = 1_700_000_000_000_000_000 + seq
+        expected = codec.encode("TrainerEvent", encoder.record(event, timestamp_ns, seq))
+        assert encoder.encode(event, timestamp_ns, seq) == expected
+
+
+def test_known_metric_names_still_check_each_value() -> None:
+    codec = default_codec()
+    encoder = EventEncoder(source(), codec, EventLimits())
+    encoder.encode(EventFields("metrics", 1, "s", 1, {"ok": 1.0, "bad": 2.0}), 0, 0)
+    encoded = encoder.encode(EventFields("metrics", 2, "s", 1, {"ok": 1, "bad": _Scalar()}), 0, 1)  # type: ignore[dict-item]
+    assert codec.decode_event(encoded)["metrics"] == {"ok": 1.0, "bad": 2.5}
+    with pytest.raises(InvalidFieldError, match=r"metrics\['bad'\]"):
+        encoder.encode(EventFields("metrics", 3, "s", 1, {"ok": 1.0, "bad": "2.0"}), 0, 2)  # type: ignore[dict-item]
+
+
+def test_more_sets_of_names_than_the_encoder_remembers_encode_the_same() -> None:
+    codec = default_codec()
+    encoder = EventEncoder(source(), codec, EventLimits())
+    for seq in range(200):
+        event = EventFields("metrics", seq, f"stage{seq}", 1, {f"m{seq}": 0.5, "loss": seq})
+        expected = codec.encode("TrainerEvent", encoder.record(event, seq, seq))
+        assert encoder.encode(event, seq, seq) == expected
+
+
 @pytest.mark.parametrize("value", ["1.0", b"1", None, [1.0], object()])
 def test_bad_metric_value_names_its_key(value: object) -> None:
     encoder = EventEncoder(source(), default_codec(), EventLimits())

@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 _TEXT_HEADROOM = 8192  # bytes of a log record's size limit kept for its other fields
+_new_tuple = tuple.__new__  # a Frame without NamedTuple's Python-level __new__ (hot path)
 
 
 @cache
@@ -321,11 +322,12 @@ class EventLogger:
                 raise InvalidValueError("kind", event.kind, EVENT_KINDS)
             if not isinstance(event.stage, str):
                 raise InvalidFieldError("stage", None, event.stage, "a non-empty str")
-            for field, text in (
-                ("level", event.level), ("message", event.message), ("trace_id", event.trace_id)
-            ):  # fmt: skip
-                if text is not None and not isinstance(text, str):
-                    raise InvalidFieldError(field, None, text, "a str or None")
+            if event.level is not None or event.message is not None or event.trace_id is not None:
+                for field, text in (
+                    ("level", event.level), ("message", event.message), ("trace_id", event.trace_id)
+                ):  # fmt: skip
+                    if text is not None and not isinstance(text, str):
+                        raise InvalidFieldError(field, None, text, "a str or None")
             step = event.step
             if type(step) is not int or not LONG_MIN <= step <= LONG_MAX:  # else it is one
                 step = event.step = require_int("step", step, LONG_MIN, LONG_MAX)
@@ -456,7 +458,7 @@ class EventLogger:
         if written:
             handed = self._handed
             if len(handed) < HANDOVER_MAX:  # else the sender reads them back from the log
-                handed.append(Frame(writer.start, writer.end, kind, seq, payload))
+                handed.append(_new_tuple(Frame, (writer.start, writer.end, kind, seq, payload)))
         else:
             self._not_written += 1
             self._warn_once(

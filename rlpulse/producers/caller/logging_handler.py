@@ -45,6 +45,7 @@ from rlpulse.schemas.validation import metric_number
 from rlpulse.settings import Settings
 
 _OWN_LOGGERS = "rlpulse"
+_OWN_LENGTH = len(_OWN_LOGGERS)
 _PLAIN_RECORD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
     "asctime",
@@ -101,20 +102,23 @@ class EventHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         """Publish ``record``; trouble goes to ``handleError``, never to the caller."""
-        if record.name == _OWN_LOGGERS or record.name.startswith(_OWN_LOGGERS + "."):
+        name = record.name
+        if name.startswith(_OWN_LOGGERS) and (name == _OWN_LOGGERS or name[_OWN_LENGTH] == "."):
             return
-        if getattr(self._busy, "active", False):
+        busy = self._busy
+        if getattr(busy, "active", False):
             return
-        self._busy.active = True
+        busy.active = True
         try:
-            if isinstance(record.msg, Mapping) and not record.args:
-                self._emit_fields(record, record.msg)
+            message = record.msg
+            if type(message) is not str and isinstance(message, Mapping) and not record.args:
+                self._emit_fields(record, message)
             else:
                 self._emit_text(record)
         except Exception:
             self.handleError(record)
         finally:
-            self._busy.active = False
+            busy.active = False
 
     def _emit_fields(self, record: logging.LogRecord, fields: Mapping[Any, Any]) -> None:
         step = fields.get("step")

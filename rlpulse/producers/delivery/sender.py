@@ -99,9 +99,14 @@ class WalSender:
     # -- called by the logger -----------------------------------------------------------
 
     def wake(self) -> None:
-        """Look for new frames now (an event was appended, or a record after a quiet spell)."""
+        """Look for new frames now (an event was appended, or a record after a quiet spell).
+
+        Already woken and not yet looking: the coming look finds these frames too, so the
+        (dearer) ``set`` is skipped.
+        """
         self.sleeping = False
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def adopt(self, dead: DeadLog) -> None:
         """Send a dead producer's log this process claimed (any thread); :meth:`close` waits."""

@@ -355,9 +355,10 @@ class WalWriter:
         start = offset + HEADER.size
         data[start : start + len(payload)] = payload
         HEADER.pack_into(data, offset, len(payload), zlib.crc32(payload), kind, seq)
-        self._offset = start + len(payload)
-        self.start = position(self._segment, offset)
-        self.end = position(self._segment, self._offset)
+        self._offset = end = start + len(payload)
+        segment = self._segment << _OFFSET_BITS  # position(), inline: this is the hot path
+        self.start = segment | offset
+        self.end = segment | end
         self.frames += 1
         return True
 

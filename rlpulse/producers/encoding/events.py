@@ -4,7 +4,10 @@
 about 18 us for an event of 20 metrics: more than everything else in ``log()``
 together. A logger's events share most fields (run id, attempt, rank, tags, hostname,
 pid, producer id), so :class:`EventEncoder` writes those bytes once and each event
-adds only what changes: about 5 us for the same event, metric validation included.
+adds only what changes. A trainer logs the same metric names step after step, so the
+map's layout is made once per set of names and its values are packed (and checked to
+be numbers) by one ``struct`` call: about 2.8 us for an event of 16 metrics (5 us
+value by value, 18 us through fastavro).
 
 The output is byte-identical to ``Codec.encode("TrainerEvent", ...)`` (a property test
 checks it). The schema, not this module, is the authority: each encoder checks at its start
@@ -55,6 +58,46 @@ def zigzag(number: int) -> bytes:
         number >>= 7
     out.append(number)
     return bytes(out)
+
+
+class TimestampVarint:
+    """Zig-zag varints of nanosecond timestamps, the bits above the lowest 21 remembered.
+
+    A timestamp's 9-byte varint changes only in its first three bytes within ~1 ms (2**21
+    ns, after zig-zag), so those are computed and the rest reused: about a fifth of the
+    cost of :func:`zigzag` for such numbers.
+    """
+
+    _LOW_BITS = 21
+
+    def __init__(self) -> None:
+        self._high = -1
+        self._tail = b""
+
+    def __call__(self, number: int) -> bytes:
+        """``zigzag(number)``, fast for numbers of 2**20 and more."""
+        if number < 1 << (self._LOW_BITS - 1):
+            return zigzag(number)
+        folded = number << 1
+        high = folded >> self._LOW_BITS
+        if high != self._high:
+            out = bytearray()
+            rest = high
+            while rest > 0x7F:
+                out.append((rest & 0x7F) | 0x80)
+                rest >>= 7
+            out.append(rest)
+            self._high, self._tail = high, bytes(out)
+        return (
+            bytes(
+                (
+                    (folded & 0x7F) | 0x80,
+                    ((folded >> 7) & 0x7F) | 0x80,
+                    ((folded >> 14) & 0x7F) | 0x80,
+                )
+            )
+            + self._tail
+        )
 
 
 def avro_string(text: str) -> bytes:
@@ -132,6 +175,26 @@ class RefusedEvent(Exception):  # noqa: N818 -- control flow inside the logger, 
         self.problem = problem
 
 
+_MAX_SHAPES = 64
+"""Sets of metric names an encoder keeps a layout for; others are encoded value by value."""
+
+
+class _MetricShape:
+    """The layout of a metrics map with given names: their bytes, and one ``struct`` for all.
+
+    The struct's format interleaves each name's bytes (``<n>s``) with its double (``d``):
+    the Avro map body in one ``pack``.
+    """
+
+    __slots__ = ("arguments", "count", "key_bytes", "pack")
+
+    def __init__(self, key_bytes: list[bytes]) -> None:
+        self.key_bytes = key_bytes
+        self.count = zigzag(len(key_bytes))
+        self.pack = struct.Struct("<" + "".join(f"{len(key)}sd" for key in key_bytes)).pack
+        self.arguments: list[object] = [part for key in key_bytes for part in (key, 0.0)]
+
+
 @dataclass(frozen=True)
 class EventSource:
     """The fields every event of one logger shares."""
@@ -159,18 +222,26 @@ class EventEncoder:
         schema = codec.registry.latest("TrainerEvent")
         self.fast = True
         """Whether the precomputed layout is used (it writes what the codec writes)."""
-        self._head = MAGIC + schema.fingerprint
-        self._run_bytes = avro_string(source.run_id) + zigzag(source.attempt)
+        run = avro_string(source.run_id) + zigzag(source.attempt)
+        self._starts = {
+            kind: MAGIC + schema.fingerprint + index + run for kind, index in _KIND_INDEX.items()
+        }
+        """Each kind's first bytes: the header, the kind, the run and the attempt."""
         self._rank_bytes = zigzag(source.rank)
         tags = b""
         if source.tags:
             pairs = b"".join(avro_string(k) + avro_string(v) for k, v in source.tags.items())
             tags = zigzag(len(source.tags)) + pairs
-        self._tags_bytes = tags + _END_OF_MAP
+        self._tags = tags + _END_OF_MAP
+        self._no_text = _END_OF_MAP + _NULL + _NULL + self._tags
+        """From the end of the metrics to the tags, for an event without level and message."""
         self._host_bytes = (
             avro_string(source.hostname) + zigzag(source.pid) + avro_string(source.producer_id)
         )
+        self._timestamp = TimestampVarint()
+        self._stages: dict[str, bytes] = {}
         self._keys: dict[str, bytes] = {}
+        self._shapes: dict[tuple[str, ...], _MetricShape] = {}
         self.fast = layout_agrees(
             "EventEncoder",
             f"TrainerEvent v{schema.version} ({schema.path})",
@@ -198,40 +269,75 @@ class EventEncoder:
                 raise RefusedEvent(problem)
             return self._codec.encode("TrainerEvent", record)
         out = [
-            self._head,
-            _KIND_INDEX[event.kind],
-            self._run_bytes,
+            self._starts[event.kind],
             zigzag(event.step),
-            avro_string(event.stage),
+            self._stages.get(event.stage) or self._stage_bytes(event.stage),
             self._rank_bytes,
             zigzag(world_size),
         ]
         if metrics:
-            append = out.append
-            keys = self._keys
-            append(zigzag(len(metrics)))
-            for key, value in metrics.items():
-                prefix = keys.get(key)
-                if prefix is None:
-                    metric_value(key, 0.0)  # checks the key
-                    problem = name_problem(key, self._limits)
-                    if problem is not None:
-                        raise RefusedEvent(problem)
-                    prefix = keys[key] = avro_string(key)
-                append(prefix)
-                append(_DOUBLE(value if type(value) is float else metric_value(key, value)))
-        out += (
-            _END_OF_MAP,
-            _optional_string(event.level),
-            _optional_string(event.message),
-            self._tags_bytes,
-            zigzag(timestamp_ns),
-            self._host_bytes,
-            zigzag(seq),
-            _optional_long(event.policy_version),
-            _optional_string(event.trace_id),
-        )
+            out += self._metric_bytes(metrics)
+        level, message = event.level, event.message
+        if level is None and message is None:
+            out.append(self._no_text)
+        else:
+            out += (_END_OF_MAP, _optional_string(level), _optional_string(message), self._tags)
+        out += (self._timestamp(timestamp_ns), self._host_bytes, zigzag(seq))
+        policy_version, trace_id = event.policy_version, event.trace_id
+        if policy_version is None and trace_id is None:
+            out.append(_NULL + _NULL)
+        else:
+            out += (_optional_long(policy_version), _optional_string(trace_id))
         return b"".join(out)
+
+    def _stage_bytes(self, stage: str) -> bytes:
+        """A stage as Avro bytes, remembered for the first :data:`_MAX_SHAPES` stages."""
+        found = avro_string(stage)
+        if len(self._stages) < _MAX_SHAPES:
+            self._stages[stage] = found
+        return found
+
+    def _metric_bytes(self, metrics: Mapping[str, float]) -> tuple[bytes, ...]:
+        """The map's count and its key/value pairs (without the end of the map).
+
+        A trainer logs the same metric names step after step: their layout is made once
+        per set of names (a :class:`_MetricShape`) and the values are packed by one
+        ``struct`` call. Anything that call refuses (a value that is not a plain number)
+        goes through the checks of each value, which raise naming the key.
+        """
+        names = tuple(metrics)
+        shape = self._shapes.get(names)
+        if shape is None:
+            key_bytes = [self._key_bytes(key) for key in names]
+            if len(self._shapes) >= _MAX_SHAPES:
+                return self._metric_pairs(metrics, key_bytes)
+            shape = self._shapes[names] = _MetricShape(key_bytes)
+        arguments = shape.arguments.copy()
+        arguments[1::2] = metrics.values()
+        try:
+            return shape.count, shape.pack(*arguments)
+        except (struct.error, TypeError, ValueError, RuntimeError, OverflowError):
+            return self._metric_pairs(metrics, shape.key_bytes)
+
+    def _key_bytes(self, key: str) -> bytes:
+        """A metric name as Avro bytes, checked once (not a str, or too long: raises)."""
+        prefix = self._keys.get(key)
+        if prefix is None:
+            metric_value(key, 0.0)  # checks the key (a caller may pass any object)
+            problem = name_problem(key, self._limits)
+            if problem is not None:
+                raise RefusedEvent(problem)
+            prefix = self._keys[key] = avro_string(key)
+        return prefix
+
+    @staticmethod
+    def _metric_pairs(metrics: Mapping[str, float], key_bytes: list[bytes]) -> tuple[bytes, ...]:
+        """:meth:`_metric_bytes` one value at a time (each checked, raising naming its key)."""
+        out = [zigzag(len(metrics))]
+        for prefix, (key, value) in zip(key_bytes, metrics.items(), strict=True):
+            out.append(prefix)
+            out.append(_DOUBLE(value if type(value) is float else metric_value(key, value)))
+        return tuple(out)
 
     def record(self, event: EventFields, timestamp_ns: int, seq: int) -> TrainerEvent:
         """The same event as a decoded record (what consumers see)."""

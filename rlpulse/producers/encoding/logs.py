@@ -30,7 +30,7 @@ from typing import Any
 
 from fastavro import schemaless_writer
 
-from rlpulse.producers.encoding.events import avro_string, layout_agrees, zigzag
+from rlpulse.producers.encoding.events import TimestampVarint, avro_string, layout_agrees, zigzag
 from rlpulse.producers.encoding.fields import LogFields, resolved
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.records import LogEntry, LogRecord
@@ -75,46 +75,6 @@ def _long_map(values: Mapping[str, int]) -> bytes:
         return _END_OF_MAP
     pairs = b"".join(avro_string(str(k)) + zigzag(int(v)) for k, v in values.items())
     return zigzag(len(values)) + pairs + _END_OF_MAP
-
-
-class TimestampVarint:
-    """Zig-zag varints of nanosecond timestamps, the bits above the lowest 21 remembered.
-
-    A timestamp's 9-byte varint changes only in its first three bytes within ~1 ms (2**21
-    ns, after zig-zag), so those are computed and the rest reused: about a fifth of the
-    cost of :func:`~rlpulse.producers.encoding.events.zigzag` for such numbers.
-    """
-
-    _LOW_BITS = 21
-
-    def __init__(self) -> None:
-        self._high = -1
-        self._tail = b""
-
-    def __call__(self, number: int) -> bytes:
-        """``zigzag(number)``, fast for numbers of 2**20 and more."""
-        if number < 1 << (self._LOW_BITS - 1):
-            return zigzag(number)
-        folded = number << 1
-        high = folded >> self._LOW_BITS
-        if high != self._high:
-            out = bytearray()
-            rest = high
-            while rest > 0x7F:
-                out.append((rest & 0x7F) | 0x80)
-                rest >>= 7
-            out.append(rest)
-            self._high, self._tail = high, bytes(out)
-        return (
-            bytes(
-                (
-                    (folded & 0x7F) | 0x80,
-                    ((folded >> 7) & 0x7F) | 0x80,
-                    ((folded >> 14) & 0x7F) | 0x80,
-                )
-            )
-            + self._tail
-        )
 
 
 @dataclass(frozen=True)
