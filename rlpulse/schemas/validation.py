@@ -134,6 +134,9 @@ def count_problem(metrics: int, tags: int, limits: EventLimits) -> EventProblem 
     return None
 
 
+_FLOAT = frozenset({float})
+
+
 def event_problem(event: Mapping[str, Any], limits: EventLimits) -> EventProblem | None:
     """Why ``event`` (a decoded TrainerEvent) must be refused, or None if it may be joined."""
     try:
@@ -161,15 +164,23 @@ def _problem(event: Mapping[str, Any], limits: EventLimits) -> EventProblem | No
     if problem is not None:
         return problem
     metrics, tags, producer_id = event["metrics"], event["tags"], event["producer_id"]
-    not_number = [
-        k for k, v in metrics.items() if not isinstance(v, int | float) or isinstance(v, bool)
-    ]
-    if not_number:
-        return _invalid("not_number", f"metrics {not_number} are not numbers")
+    if not set(map(type, metrics.values())) <= _FLOAT:  # what a decoded event holds: at C speed
+        not_number = [
+            k for k, v in metrics.items() if not isinstance(v, int | float) or isinstance(v, bool)
+        ]
+        if not_number:
+            return _invalid("not_number", f"metrics {not_number} are not numbers")
     if not isinstance(tags, dict) or not isinstance(producer_id, str):
         return _invalid("malformed", "tags must be a map and producer_id a string")
     problem = count_problem(len(metrics), len(tags), limits)
     if problem is not None:
         return problem
+    if (
+        len(stage) <= limits.max_name_chars
+        and len(producer_id) <= limits.max_name_chars
+        and max(map(len, metrics), default=0) <= limits.max_name_chars
+        and not tags
+    ):
+        return None
     longest = max((stage, producer_id, *metrics, *tags, *tags.values()), key=len)
     return name_problem(longest, limits)

@@ -583,7 +583,32 @@ def _summarize(gkey: str, group: GroupState) -> StepSummary:
 
 
 def _stats(ranks: list[int], values: list[float]) -> MetricStats:
-    """Reduce one metric across ranks; ``ranks`` ascending, aligned with ``values``."""
+    """Reduce one metric across ranks; ``ranks`` ascending, aligned with ``values``.
+
+    Where every value is finite (a finite ``fsum`` without an exception says so: a NaN or
+    an infinity would make it NaN, infinite or raise) one sum serves the sum, the mean and
+    the variance; the figures are the bits :mod:`rlpulse.rules.arith` gives, as the slow
+    path below (which handles NaN, infinities and overflow) computes them.
+    """
+    try:
+        total = math.fsum(values)
+    except (ValueError, OverflowError):
+        total = math.nan
+    if math.isfinite(total):
+        count = len(values)
+        low, high = min(values), max(values)
+        mean = total / count
+        return {
+            "count": count,
+            "sum": total,
+            "mean": mean,
+            "std": math.sqrt(exact_sum([(v - mean) * (v - mean) for v in values]) / count),
+            "min": low,
+            "max": high,
+            "min_rank": ranks[values.index(low)],
+            "max_rank": ranks[values.index(high)],
+            "non_finite": 0,
+        }
     low, high = nan_min(values), nan_max(values)
     if math.isnan(low):
         min_rank = max_rank = ranks[next(i for i, v in enumerate(values) if math.isnan(v))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import struct
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlpulse.rules.arith import exact_mean, exact_std, exact_sum, nan_max, nan_min
 from rlpulse.schemas.records import StepSummary, TrainerEvent
 from rlpulse.settings import JoinerSettings
 from rlpulse.streams.joiner import (
@@ -21,6 +23,7 @@ from rlpulse.streams.joiner import (
     StepJoiner,
     summary_id,
 )
+from rlpulse.streams.joiner import _stats as joiner_stats
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -781,3 +784,37 @@ def test_property_one_ordered_first_revision_per_step(stream: list[TrainerEvent]
     expected_steps = sorted({event["step"] for event in stream})
     assert firsts == {"actor": expected_steps, "critic": expected_steps}
     assert joiner.open_stage_keys() == []
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    values=st.lists(
+        st.floats() | st.sampled_from([1e308, -1e308, 0.0, -0.0]) | st.floats(-10, 10),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_metric_reduces_to_the_same_bits_whether_or_not_every_value_is_finite(
+    values: list[float],
+) -> None:
+    ranks = list(range(len(values)))
+    low, high = nan_min(values), nan_max(values)
+    if math.isnan(low):
+        min_rank = max_rank = next(i for i, v in enumerate(values) if math.isnan(v))
+    else:
+        min_rank, max_rank = values.index(low), values.index(high)
+    expected = {
+        "count": len(values),
+        "sum": exact_sum(values),
+        "mean": exact_mean(values),
+        "std": exact_std(values),
+        "min": low,
+        "max": high,
+        "min_rank": min_rank,
+        "max_rank": max_rank,
+        "non_finite": sum(1 for v in values if not math.isfinite(v)),
+    }
+    got = joiner_stats(ranks, values)
+    assert {k: struct.pack("<d", v) if isinstance(v, float) else v for k, v in got.items()} == {
+        k: struct.pack("<d", v) if isinstance(v, float) else v for k, v in expected.items()
+    }
