@@ -150,8 +150,8 @@ class ArchiveStore:
             return StagedFile(final, final)
         temp = f"{directory}/{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}"
         for _ in range(3):  # a concurrent prune may remove the directory once it is empty
-            os.makedirs(directory, exist_ok=True)
-            try:
+            try:  # (or its parent, between makedirs' steps)
+                os.makedirs(directory, exist_ok=True)
                 handle = open(temp, "wb")  # noqa: SIM115 -- closed below, after the fsync
             except FileNotFoundError:
                 continue

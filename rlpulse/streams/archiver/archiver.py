@@ -20,6 +20,12 @@ as a hint, for lag monitoring; they are never read. Two processes write the same
 only if one of them is a zombie past ``max.poll.interval.ms`` (5 minutes) in the middle of
 a flush; the audit would show the duplicates.
 
+Flushes are written on one writer thread (:class:`~rlpulse.streams.archiver.writer.FlushWriter`),
+in the order they were made, while the next messages are decoded; after a failed flush no
+later one is written and :meth:`Archiver.run` raises the failure. Where flushes must be on
+disk (a partition revoked or assigned, an audit, the stop), the archiver waits for it. The
+writer hands each flush's offset hint back; the consuming thread commits it.
+
 Topics: at start the archiver creates the ``<prefix>.*`` topics no worker has created yet
 and says which. Where it may not (a principal that may only read), it says so: a topic
 created later is archived within ``METADATA_REFRESH_S`` of its creation.
@@ -44,10 +50,12 @@ it audits the run (:mod:`rlpulse.archive.audit`) and publishes the report to
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,6 +73,7 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.streams.archiver.buffer import PartitionBuffer
 from rlpulse.streams.archiver.prune import cutoff_ms, prune
+from rlpulse.streams.archiver.writer import FlushWriter
 from rlpulse.transport.clients import is_fatal, new_consumer, new_producer
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics_for_reader
@@ -134,6 +143,10 @@ class Archiver:
         self._clock = clock
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
+        self._writer: FlushWriter | None = None
+        """Writes the flushes while :meth:`run` runs."""
+        self._hints: deque[tuple[str, int, int]] = deque()
+        """(topic, partition, next offset) of each flush written, for :meth:`_commit_hints`."""
         self._audits: dict[str, _PendingAudit] = {}
         # run -> (when its last event, not a run_end, was read; its events partition)
         self._heard: dict[str, tuple[float, int]] = {}
@@ -171,23 +184,34 @@ class Archiver:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
+        writer = self._writer = FlushWriter()
+        writer.start()
         young = gc.get_threshold()
         # Decoding makes a few objects per record, none in a cycle: young collections every
         # 700 allocations would spend the drain's time looking at what is buffered.
         gc.set_threshold(archive.gc_threshold, *young[1:])
         try:
             while not self._stop.is_set():
+                writer.check()
                 self._take_all(consumer.consume(archive.batch_max, POLL_S))
                 now = time.monotonic()
                 self._roll(now)
                 self._prune_if_due(now)
                 self._audit_silent(now)
                 self._audit_if_due(now)
+                self._commit_hints()
         finally:
             gc.set_threshold(*young)
             try:
-                self._flush_all()
+                if writer.error is None:  # after a failed flush, nothing more is written
+                    self._flush_all()
+                    writer.wait()
             finally:
+                writer.close()
+                self._writer = None
+                # Left only after a failure: read again by the partitions' next owner.
+                self._buffers.clear()
+                self._commit_hints()
                 consumer.close()
                 self._consumer = None
         return self.counts
@@ -195,6 +219,7 @@ class Archiver:
     # -- partitions -------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._written()  # a partition lost with flushes queued may come back: list them all
         listings: dict[str, list[tuple[str, FileName]]] = {}
         for tp in partitions:
             files = listings.get(tp.topic)
@@ -224,11 +249,16 @@ class Archiver:
             buffer = self._buffers.get((tp.topic, tp.partition))
             if buffer is not None:
                 self._flush(buffer)
+        self._written()  # its next owner resumes after the files it finds
+        self._commit_hints()
+        for tp in partitions:
             self._expected.pop((tp.topic, tp.partition), None)
         self._forget_heard(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:  # another member may own them already: write nothing
+        # Flushes of these partitions already queued are still written, as if the writer
+        # had been quicker than the news of the loss (as a flush under way would be).
+        for tp in partitions:  # another member may own them already: write nothing new
             dropped = self._buffers.pop((tp.topic, tp.partition), None)
             self._expected.pop((tp.topic, tp.partition), None)
             if dropped is not None:
@@ -288,6 +318,7 @@ class Archiver:
         if is_fatal(error):
             # The consumer is dead for good (e.g. fenced: another archiver has this
             # instance_id) and another member may own the partitions: write nothing, exit.
+            # (Flushes already queued are written, as the writer may have been that quick.)
             self._buffers.clear()
             raise ArchiveError(
                 f"archiver: fatal Kafka error: {error.str()} (two archivers with one "
@@ -320,25 +351,56 @@ class Archiver:
                 self._flush(buffer)
 
     def _flush(self, buffer: PartitionBuffer) -> None:
-        """Write one buffer as one flush (see the module docstring); then commit the hint."""
-        planned = buffer.flush_plan()
-        compression = self.settings.archive.compression
-        staged = [self.store.stage(file.relative, file.table, compression) for file in planned]
-        self.store.commit(staged)
+        """Hand one buffer to the writer thread as one flush; blocks while it is behind."""
+        assert self._writer is not None, "flushes are written while run() runs"
         key = (buffer.table.topic, buffer.partition)
         del self._buffers[key]
         if buffer.last is None:
             return
         self._expected[key] = buffer.last + 1
+        self._writer.submit(functools.partial(self._write, buffer, buffer.last))
+
+    def _write(self, buffer: PartitionBuffer, last: int) -> None:
+        """Write one buffer as one flush (see the module docstring); then queue its hint.
+
+        Runs on the writer thread, which alone touches ``buffer`` once it is handed over.
+        """
+        planned = buffer.flush_plan()
+        compression = self.settings.archive.compression
+        staged = [self.store.stage(file.relative, file.table, compression) for file in planned]
+        self.store.commit(staged)
         self.counts.records += buffer.records
         self.counts.flushes += 1
         self.counts.files += len(planned)
-        if self._consumer is not None:
-            hint = TopicPartition(buffer.table.topic, buffer.partition, buffer.last + 1)
-            try:
-                self._consumer.commit(offsets=[hint], asynchronous=True)
-            except Exception as exc:  # a hint only: the files are the truth
-                self._warn("commit", "archiver: could not commit the offset hint: %s", exc)
+        self._hints.append((buffer.table.topic, buffer.partition, last + 1))
+
+    def _commit_hints(self) -> None:
+        """Commit the offset hints of the flushes written since, for partitions still ours.
+
+        Only the consuming thread calls the consumer: confluent-kafka serializes the calls
+        to a consumer, so a commit from the writer thread would wait for ``consume()`` to
+        return (and for ever while a rebalance callback waits for the writer).
+        """
+        newest: dict[tuple[str, int], int] = {}
+        while self._hints:  # the writer appends meanwhile: a deque is safe for that
+            topic, partition, offset = self._hints.popleft()
+            newest[(topic, partition)] = offset  # flushes are written in order
+        hints = [
+            TopicPartition(topic, partition, offset)
+            for (topic, partition), offset in newest.items()
+            if (topic, partition) in self._expected  # not a partition lost meanwhile
+        ]
+        if self._consumer is None or not hints:
+            return
+        try:
+            self._consumer.commit(offsets=hints, asynchronous=True)
+        except Exception as exc:  # a hint only: the files are the truth
+            self._warn("commit", "archiver: could not commit the offset hint: %s", exc)
+
+    def _written(self) -> None:
+        """Wait until every flush handed to the writer is on disk; raise if one failed."""
+        if self._writer is not None:
+            self._writer.wait()
 
     def _flush_all(self, topics: tuple[str, ...] | None = None) -> None:
         for buffer in list(self._buffers.values()):
@@ -387,6 +449,7 @@ class Archiver:
                 pending.targets_at = now
                 pending.deadline = now + self.settings.archive.audit_wait_s
             self._flush_all(watched)
+            self._written()
             behind = self._behind(pending.targets)
             if behind and now < pending.deadline:
                 pending.due = now + AUDIT_RECHECK_S
