@@ -497,8 +497,8 @@ def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: floa
             break
         best = rate
     emit(
-        "d_result", highest_sustained_rate=best, producers=2, archivers=1, target=100_000,
-        met=best >= 100_000,
+        "d_result", highest_sustained_rate=best, producers=2, archivers=1, target=150_000,
+        met=best >= 150_000,
     )  # fmt: skip
 
 

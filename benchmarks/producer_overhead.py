@@ -13,13 +13,16 @@ starts its producer there) and left out of the percentiles. Scenarios:
   is in spool mode: ``log()`` hands events to the delivery thread, which writes them
   to the spool while the calls are timed;
 - ``wandb`` offline (``wandb.init(mode="offline")``, ``wandb.log(d, step=...)``);
+- the every-50-ms pattern (``--paced-calls`` calls, one every 50 ms, as a training loop
+  logs between steps, when caches and branch predictors are cold again): ``rlpulse``
+  (broker up), a JSON line written and flushed to a file, and ``wandb`` offline;
 - ``control_poll``: ``ControlClient.poll()`` while its start-up cannot reach the broker
   (what a training loop pays per step when Kafka is down), a ``poll(timeout_s=0.3)`` and
   the ``close()`` after it.
 
-Prints one JSON object per line, then the ratios wandb/rlpulse and the two targets:
-rlpulse p50 at most a 25th of wandb's (stretch: a 50th), and p99 under 1 ms with the broker
-down.
+Prints one JSON object per line, then the ratios and the targets: in the tight loop rlpulse
+p50 at most a 25th of wandb's (stretch: a 50th); every 50 ms, at most a flushed JSON line's;
+and p99 under 1 ms with the broker down.
 
 ``--baseline DIR`` first runs the benchmark of another source tree (an earlier commit
 checked out in DIR: its own copy of this script against its own rlpulse) and prints its
@@ -42,6 +45,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from figures import percentile, printer
 
@@ -51,18 +55,28 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.transport.topics import ensure_topics
 
 UNREACHABLE = "127.0.0.1:1"
+PACE_S = 0.05
+"""The every-50-ms pattern: a training loop's log() between steps, the CPU cold by then."""
 
 
 emit = printer("producer_overhead")
 
 
-def timed_calls(call: Callable[[int], object], calls: int) -> dict[str, float]:
-    """Time ``call(step)`` for ``calls`` steps; percentiles in microseconds."""
+def timed_calls(
+    call: Callable[[int], object], calls: int, every_s: float = 0.0
+) -> dict[str, float]:
+    """Time ``call(step)`` for ``calls`` steps; percentiles in microseconds.
+
+    ``every_s`` > 0: one call every ``every_s`` seconds (sleeping between), as a training
+    loop calls it, rather than back to back.
+    """
     start = time.perf_counter_ns()
     call(0)
     first = time.perf_counter_ns() - start
     samples: list[int] = []
     for step in range(1, calls + 1):
+        if every_s:
+            time.sleep(every_s)
         start = time.perf_counter_ns()
         call(step)
         samples.append(time.perf_counter_ns() - start)
@@ -83,7 +97,7 @@ def running_broker() -> AbstractContextManager[str]:
 
 
 def bench_rlpulse(
-    scenario: str, settings: Settings, metrics: dict[str, float], calls: int
+    scenario: str, settings: Settings, metrics: dict[str, float], calls: int, every_s: float = 0.0
 ) -> dict[str, float]:
     logger = EventLogger(f"bench-{uuid.uuid4().hex[:8]}", settings=settings)
     if scenario == "down_spooling":  # wait until the first events timed out: spool mode
@@ -91,18 +105,33 @@ def bench_rlpulse(
         deadline = time.monotonic() + 30
         while logger.spooled == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
-    figures = timed_calls(lambda step: logger.log(metrics, step, "trainer"), calls)
-    if scenario == "up":
+    figures = timed_calls(lambda step: logger.log(metrics, step, "trainer"), calls, every_s)
+    if scenario.startswith("up"):
         logger.flush(60.0)
         figures["delivered"] = logger.delivered
-    logger.close(timeout_s=0.5 if scenario != "up" else 30.0)
+    logger.close(timeout_s=30.0 if scenario.startswith("up") else 0.5)
     if scenario == "down_spooling":
         figures["spooled"] = logger.spooled
     emit("rlpulse", broker=scenario, **figures)
     return figures
 
 
-def bench_wandb(metrics: dict[str, float], calls: int, directory: Path) -> dict[str, float] | None:
+def bench_json_line(
+    metrics: dict[str, float], calls: int, path: Path, every_s: float
+) -> dict[str, float]:
+    """A JSON line per call, written and flushed to a file: the least a logger can do."""
+    with path.open("w") as handle:
+
+        def write(step: int) -> None:
+            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+            handle.flush()
+
+        return timed_calls(write, calls, every_s)
+
+
+def bench_wandb(
+    metrics: dict[str, float], calls: int, directory: Path, every_s: float = 0.0
+) -> dict[str, Any] | None:
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
     try:
@@ -112,11 +141,10 @@ def bench_wandb(metrics: dict[str, float], calls: int, directory: Path) -> dict[
         return None
     run = wandb.init(mode="offline", dir=str(directory), project="rlpulse-overhead")
     try:
-        figures = timed_calls(lambda step: wandb.log(metrics, step=step), calls)
+        figures = timed_calls(lambda step: wandb.log(metrics, step=step), calls, every_s)
     finally:
         run.finish()
-    emit("wandb_offline", version=wandb.__version__, **figures)
-    return figures
+    return {"version": wandb.__version__, **figures}
 
 
 def run_baseline(tree: Path, calls: int, metric_count: int) -> None:
@@ -138,6 +166,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--metrics", type=int, default=20)
+    parser.add_argument(
+        "--paced-calls", type=int, default=400, help="calls of the every-50-ms pattern"
+    )
     parser.add_argument("--baseline", type=Path, default=None, help="an earlier source tree")
     parser.add_argument(
         "--rounds", type=int, default=1, help="alternate baseline and this tree this many times"
@@ -147,7 +178,7 @@ def main() -> None:
         if args.baseline is not None:
             run_baseline(args.baseline, args.calls, args.metrics)
         emit("round", index=round_index)
-        measure(args.calls, args.metrics)
+        measure(args.calls, args.metrics, args.paced_calls)
 
 
 def bench_poll_broker_down(calls: int) -> None:
@@ -170,7 +201,7 @@ def bench_poll_broker_down(calls: int) -> None:
     )
 
 
-def measure(calls: int, metric_count: int) -> None:
+def measure(calls: int, metric_count: int, paced_calls: int) -> None:
     """One round of every scenario of this tree."""
     metrics = {f"metric_{i:02d}": 0.5 + i for i in range(metric_count)}
     bench_poll_broker_down(min(calls, 2_000))
@@ -184,12 +215,14 @@ def measure(calls: int, metric_count: int) -> None:
             {"producer.spool_dir": spool}
         )
         results["up"] = bench_rlpulse("up", up, metrics, calls)
+        paced = bench_rlpulse("up_every_50ms", up, metrics, paced_calls, PACE_S)
     down = Settings(bootstrap=UNREACHABLE).updated({"producer.spool_dir": spool})
     results["down"] = bench_rlpulse("down", down, metrics, calls)
     spooling = down.updated({"producer.delivery_timeout_s": 0.5})
     results["down_spooling"] = bench_rlpulse("down_spooling", spooling, metrics, calls)
     wandb_figures = bench_wandb(metrics, calls, work / "wandb")
     if wandb_figures is not None:
+        emit("wandb_offline", **wandb_figures)
         for scenario, figures in results.items():
             ratio = wandb_figures["p50_us"] / figures["p50_us"]
             emit(
@@ -201,6 +234,20 @@ def measure(calls: int, metric_count: int) -> None:
                 met=ratio >= 25,
                 stretch_met=ratio >= 50,
             )
+    line = bench_json_line(metrics, paced_calls, work / "lines.jsonl", PACE_S)
+    emit("json_line_every_50ms", **line)
+    paced_wandb = bench_wandb(metrics, paced_calls, work / "wandb-paced", PACE_S)
+    if paced_wandb is not None:
+        emit("wandb_offline_every_50ms", **paced_wandb)
+    emit(
+        "ratio_every_50ms",
+        rlpulse_p50_us=paced["p50_us"],
+        json_line_p50_us=line["p50_us"],
+        wandb_p50_us=None if paced_wandb is None else paced_wandb["p50_us"],
+        rlpulse_over_json_line_p50=round(paced["p50_us"] / line["p50_us"], 2),
+        target="rlpulse p50 <= a flushed JSON line's p50",
+        met=paced["p50_us"] <= line["p50_us"],
+    )
     for scenario in ("down", "down_spooling"):
         p99 = results[scenario]["p99_us"]
         emit("target_p99_broker_down", broker=scenario, p99_us=p99, target_us=1000, met=p99 < 1000)

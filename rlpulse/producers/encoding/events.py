@@ -40,6 +40,7 @@ _KIND_INDEX: dict[str, bytes] = {kind: bytes([index << 1]) for index, kind in en
 _DOUBLE = struct.Struct("<d").pack
 _SMALL = [bytes([(n << 1) if n >= 0 else ((-n << 1) - 1)]) for n in range(-64, 64)]
 _NULL = b"\x00"
+_TWO_NULLS = _NULL + _NULL
 _END_OF_MAP = b"\x00"
 
 
@@ -260,7 +261,7 @@ class EventEncoder:
         metrics, world_size = event.metrics, event.world_size
         if world_size is None:
             raise ValueError("world_size was not filled in before encoding")
-        if not isinstance(metrics, Mapping):
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):  # dict: no ABC check
             raise InvalidFieldError("metrics", None, metrics, "a mapping of metric name to number")
         if not self.fast:
             record = self.record(event, timestamp_ns, seq)
@@ -285,7 +286,7 @@ class EventEncoder:
         out += (self._timestamp(timestamp_ns), self._host_bytes, zigzag(seq))
         policy_version, trace_id = event.policy_version, event.trace_id
         if policy_version is None and trace_id is None:
-            out.append(_NULL + _NULL)
+            out.append(_TWO_NULLS)
         else:
             out += (_optional_long(policy_version), _optional_string(trace_id))
         return b"".join(out)
