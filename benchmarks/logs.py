@@ -20,7 +20,9 @@
     and >= 0.7 of the bare consumer.
 (d) End to end: two producer processes log at a fixed total rate for ``--seconds``, one
     archiver writes Parquet; per rate, the archive's lag (records logged by then, less
-    records in Parquet files) early and late. Target: 100,000 records/s with the lag flat.
+    records in Parquet files) early and late. Target: 150,000 records/s with the lag flat.
+    ``--idle-partitions N`` first gives the broker N more partitions, never written (a
+    shared cluster holds thousands).
 (e) The write-ahead log's cost per call: ``WalWriter.append`` of a typical record's entry
     alone, and ``log_record()`` whole, p50/p99 in µs.
 (f) Indexing a backlog of log records into OpenSearch: one ``rlpulse index`` process from
@@ -56,6 +58,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 from figures import percentile, printer
 from opensearchpy import OpenSearch
 
@@ -450,6 +454,28 @@ def paced_producer(bootstrap: str, prefix: str, rate: float, seconds: float) -> 
         events.flush(60)
 
 
+IDLE_TOPIC_PARTITIONS = 100
+
+
+def add_idle_partitions(bootstrap: str, count: int) -> None:
+    """Topics of ``count`` partitions in all, none written: a broker as a shared cluster's."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    prefix = f"idle-{uuid.uuid4().hex[:6]}"
+    step = IDLE_TOPIC_PARTITIONS
+    sizes = [min(step, count - start) for start in range(0, count, step)]
+    started = time.monotonic()
+    for index, size in enumerate(sizes):
+        futures = admin.create_topics([NewTopic(f"{prefix}-{index}", size, 1)])
+        for future in futures.values():
+            future.result(timeout=120)
+    emit(
+        "d_idle_partitions",
+        partitions=count,
+        topics=len(sizes),
+        seconds=round(time.monotonic() - started, 1),
+    )
+
+
 def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: float) -> None:
     """(d): per rate, two paced producers and one archiver; the lag early and late."""
     best = 0
@@ -649,6 +675,9 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--rates", default="50000,100000,120000,150000")
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument(
+        "--idle-partitions", type=int, default=0, help="(d) on a broker holding this many more"
+    )
     parser.add_argument("--index-records", type=int, default=200_000, help="(f)'s backlog")
     parser.add_argument("--only", default="abcdef")
     parser.add_argument("--profile", action="store_true")
@@ -682,6 +711,8 @@ def main() -> None:
         if "c" in args.only:
             bench_drain(bootstrap, work, args.backlog)
         if "d" in args.only:
+            if args.idle_partitions:
+                add_idle_partitions(bootstrap, args.idle_partitions)
             bench_end_to_end(bootstrap, work, [int(r) for r in args.rates.split(",")], args.seconds)
         if "e" in args.only:
             bench_write_ahead(settings, work, args.calls)
