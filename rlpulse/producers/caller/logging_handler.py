@@ -149,6 +149,15 @@ class EventHandler(logging.Handler):
         if self.sampler is not None and not self.sampler.filter(record):
             return
         extras = record.__dict__
+        if len(extras) <= _PLAIN_SIZE and not (
+            record.exc_info or record.exc_text or record.stack_info
+        ):  # no extra attributes (no step, stage, trace id, fields, sampling marks), no traceback
+            line = LogFields(
+                self.last_step, self.stage, record.levelname, record.levelno, record.name,
+                record.getMessage(), None, current_trace_id(),
+            )  # fmt: skip
+            self.sink.log_line(line)
+            return
         step = extras.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             step = self.last_step
