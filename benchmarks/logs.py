@@ -21,8 +21,8 @@
 (d) End to end: two producer processes log at a fixed total rate for ``--seconds``, one
     archiver writes Parquet; per rate, the archive's lag (records logged by then, less
     records in Parquet files) early and late. Target: 150,000 records/s with the lag flat.
-    ``--idle-partitions N`` first gives the broker N more partitions, never written (a
-    shared cluster holds thousands).
+    ``--idle-partitions N``: then the same again once the broker holds N more partitions,
+    never written (a shared cluster holds thousands).
 (e) The write-ahead log's cost per call: ``WalWriter.append`` of a typical record's entry
     alone, and ``log_record()`` whole, p50/p99 in µs.
 (f) Indexing a backlog of log records into OpenSearch: one ``rlpulse index`` process from
@@ -476,16 +476,22 @@ def add_idle_partitions(bootstrap: str, count: int) -> None:
     )
 
 
-def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: float) -> None:
-    """(d): per rate, two paced producers and one archiver; the lag early and late."""
+def bench_end_to_end(
+    bootstrap: str, work: Path, rates: list[int], seconds: float, idle_partitions: int = 0
+) -> None:
+    """(d): per rate, two paced producers and one archiver; the lag early and late.
+
+    ``idle_partitions``: how many partitions :func:`add_idle_partitions` gave the broker
+    (said in each line).
+    """
     best = 0
     for rate in rates:
         topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
         settings = Settings(bootstrap=bootstrap, prefix=topics.prefix)
         ensure_topics(settings, topics, partitions=PARTITIONS)
-        root = work / f"e2e-{rate}"
+        root = work / f"e2e-{rate}-{idle_partitions}"
         archiver = ArchiverProcess(
-            bootstrap, topics.prefix, root, work / f"e2e-{rate}.log",
+            bootstrap, topics.prefix, root, work / f"e2e-{rate}-{idle_partitions}.log",
             {"archive.roll_bytes": 4_000_000, "archive.roll_s": 1, "archive.audit": "false"},
         ).start()  # fmt: skip
         time.sleep(5)  # joined and assigned
@@ -515,7 +521,8 @@ def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: floa
         early, late = statistics.fmean(lags[1 : third + 1]), statistics.fmean(lags[-third - 1 : -1])
         growing = late > early + rate * 1.5  # more than ~1.5 s of records behind, and rising
         emit(
-            "d_end_to_end", rate=rate, seconds=seconds, records=total, archived=archived(),
+            "d_end_to_end", rate=rate, idle_partitions=idle_partitions, seconds=seconds,
+            records=total, archived=archived(),
             lag_early=round(early), lag_late=round(late), drain_after_s=round(drain_s, 1),
             sustained=not growing and archived() == total,
         )  # fmt: skip
@@ -523,7 +530,8 @@ def bench_end_to_end(bootstrap: str, work: Path, rates: list[int], seconds: floa
             break
         best = rate
     emit(
-        "d_result", highest_sustained_rate=best, producers=2, archivers=1, target=150_000,
+        "d_result", idle_partitions=idle_partitions, highest_sustained_rate=best, producers=2,
+        archivers=1, target=150_000,
         met=best >= 150_000,
     )  # fmt: skip
 
@@ -711,9 +719,11 @@ def main() -> None:
         if "c" in args.only:
             bench_drain(bootstrap, work, args.backlog)
         if "d" in args.only:
-            if args.idle_partitions:
+            rates = [int(r) for r in args.rates.split(",")]
+            bench_end_to_end(bootstrap, work, rates, args.seconds)
+            if args.idle_partitions:  # the same again, the broker holding thousands more
                 add_idle_partitions(bootstrap, args.idle_partitions)
-            bench_end_to_end(bootstrap, work, [int(r) for r in args.rates.split(",")], args.seconds)
+                bench_end_to_end(bootstrap, work, rates, args.seconds, args.idle_partitions)
         if "e" in args.only:
             bench_write_ahead(settings, work, args.calls)
         if "f" in args.only:
