@@ -149,18 +149,28 @@ class ArchiveStore:
                 raise ArchiveError(f"cannot write {final}: {exc}") from exc
             return StagedFile(final, final)
         temp = f"{directory}/{TEMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}"
+        missing: OSError | None = None
         for _ in range(3):  # a concurrent prune may remove the directory once it is empty
             try:  # (or its parent, between makedirs' steps)
                 os.makedirs(directory, exist_ok=True)
                 handle = open(temp, "wb")  # noqa: SIM115 -- closed below, after the fsync
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
+                missing = exc
                 continue
-            with handle:
-                pq.write_table(table, handle, compression=compression)
-                handle.flush()
-                os.fsync(handle.fileno())
+            except OSError as exc:
+                raise ArchiveError(f"cannot create {temp}: {exc}") from exc
+            try:
+                with handle:
+                    pq.write_table(table, handle, compression=compression)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            except OSError as exc:
+                raise ArchiveError(f"cannot write {temp}: {exc}") from exc
             return StagedFile(temp, final)
-        raise ArchiveError(f"cannot create {temp}: its directory keeps disappearing")
+        raise ArchiveError(
+            f"cannot create {temp}: {missing} (three tries; a prune removing the directory "
+            "each time, or a directory that cannot be made there)"
+        )
 
     def commit(self, staged: list[StagedFile]) -> None:
         """Make staged files visible under their final names (renames, then directory fsyncs)."""
