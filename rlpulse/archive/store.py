@@ -15,6 +15,7 @@ than its ``n`` files (:mod:`rlpulse.archive.layout` deletes those on resume).
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -108,6 +109,21 @@ class ArchiveStore:
             return bool(self.fs.get_file_info(self.base).type == pafs.FileType.Directory)
         except OSError as exc:
             raise ArchiveError(f"cannot reach the archive at {self.root}: {exc}") from exc
+
+    def prepare(self) -> None:
+        """Make a local root and check a file can be written there; an object store: nothing.
+
+        What the archiver calls before it reads anything, so that a root it cannot write
+        (a typo, a read-only mount) is refused at start, not at the first flush minutes later.
+        """
+        if not self.local:
+            return
+        try:
+            os.makedirs(self.base, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.base) as probe:  # nameless: nothing left over
+                probe.write(b"rlpulse")
+        except OSError as exc:
+            raise ArchiveError(f"cannot write to the archive at {self.root}: {exc}") from exc
 
     def path(self, relative: str) -> str:
         """The full path of ``relative`` under the root."""

@@ -333,3 +333,12 @@ def test_an_unreachable_object_store_is_one_clear_error(monkeypatch: pytest.Monk
     assert outcome.exit_code == 1, outcome.output
     assert "cannot reach the archive at s3://bucket/rlpulse" in " ".join(outcome.output.split())
     assert outcome.exception is None or isinstance(outcome.exception, SystemExit)
+
+
+def test_an_archive_root_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    not_a_directory = tmp_path / "archive"
+    not_a_directory.write_text("a file where the archive should be")
+    outcome = cli("archive", "--root", str(not_a_directory), "--bootstrap", "127.0.0.1:1")
+    assert outcome.exit_code == 1, outcome.output
+    said = " ".join(outcome.output.split())
+    assert f"cannot write to the archive at {not_a_directory}" in said  # not a Kafka error

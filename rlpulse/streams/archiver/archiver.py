@@ -163,6 +163,7 @@ class Archiver:
         """Archive until :meth:`stop`; write out the buffers, leave the group, return the counts."""
         archive = self.settings.archive
         deadline = Deadline(archive.startup_timeout_s)
+        self.store.prepare()
         wait_for_kafka(self.settings, deadline, self._say)
         ensure_topics_for_reader(self.settings, deadline.left(), METADATA_REFRESH_S, self._say)
         properties: dict[str, object] = {
