@@ -195,7 +195,7 @@ def bench_call_cost(settings: Settings, work: Path, calls: int) -> None:
 
 LOADS = {
     # name: (batch rows: sets a step's compute, records per step, target overhead %)
-    "seed_like": (1280, 100, 3.0),
+    "seed_like": (1280, 100, 2.0),
     "realistic": (12800, 200, 1.0),
 }
 """(b)'s loads: the seed-like one of docs/logs.md (a step of ~0.1 s with one torch thread),
