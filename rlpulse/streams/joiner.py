@@ -587,8 +587,8 @@ def _stats(ranks: list[int], values: list[float]) -> MetricStats:
 
     Where every value is finite (a finite ``fsum`` without an exception says so: a NaN or
     an infinity would make it NaN, infinite or raise) one sum serves the sum, the mean and
-    the variance; the figures are the bits :mod:`rlpulse.rules.arith` gives, as the slow
-    path below (which handles NaN, infinities and overflow) computes them.
+    the variance; the figures are the bits :func:`_stats_by_arith` (which handles NaN,
+    infinities and overflow) gives.
     """
     try:
         total = math.fsum(values)
@@ -609,6 +609,11 @@ def _stats(ranks: list[int], values: list[float]) -> MetricStats:
             "max_rank": ranks[values.index(high)],
             "non_finite": 0,
         }
+    return _stats_by_arith(ranks, values)
+
+
+def _stats_by_arith(ranks: list[int], values: list[float]) -> MetricStats:
+    """:func:`_stats` by :mod:`rlpulse.rules.arith`'s reductions, whatever the values."""
     low, high = nan_min(values), nan_max(values)
     if math.isnan(low):
         min_rank = max_rank = ranks[next(i for i, v in enumerate(values) if math.isnan(v))]

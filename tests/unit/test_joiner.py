@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpulse.rules.arith import exact_mean, exact_std, exact_sum, nan_max, nan_min
 from rlpulse.schemas.records import StepSummary, TrainerEvent
 from rlpulse.settings import JoinerSettings
 from rlpulse.streams.joiner import (
@@ -24,6 +23,7 @@ from rlpulse.streams.joiner import (
     summary_id,
 )
 from rlpulse.streams.joiner import _stats as joiner_stats
+from rlpulse.streams.joiner import _stats_by_arith as stats_by_arith
 
 S = 1_000_000_000
 T0 = 1_700_000_000 * S
@@ -798,22 +798,7 @@ def test_a_metric_reduces_to_the_same_bits_whether_or_not_every_value_is_finite(
     values: list[float],
 ) -> None:
     ranks = list(range(len(values)))
-    low, high = nan_min(values), nan_max(values)
-    if math.isnan(low):
-        min_rank = max_rank = next(i for i, v in enumerate(values) if math.isnan(v))
-    else:
-        min_rank, max_rank = values.index(low), values.index(high)
-    expected = {
-        "count": len(values),
-        "sum": exact_sum(values),
-        "mean": exact_mean(values),
-        "std": exact_std(values),
-        "min": low,
-        "max": high,
-        "min_rank": min_rank,
-        "max_rank": max_rank,
-        "non_finite": sum(1 for v in values if not math.isfinite(v)),
-    }
+    expected = stats_by_arith(ranks, values)
     got = joiner_stats(ranks, values)
     assert {k: struct.pack("<d", v) if isinstance(v, float) else v for k, v in got.items()} == {
         k: struct.pack("<d", v) if isinstance(v, float) else v for k, v in expected.items()

@@ -176,8 +176,9 @@ class RefusedEvent(Exception):  # noqa: N818 -- control flow inside the logger, 
         self.problem = problem
 
 
-_MAX_SHAPES = 64
-"""Sets of metric names an encoder keeps a layout for; others are encoded value by value."""
+_MAX_REMEMBERED = 64
+"""Sets of metric names (and stages) an encoder remembers the bytes of; others are encoded
+each time (metrics value by value)."""
 
 
 class _MetricShape:
@@ -292,9 +293,9 @@ class EventEncoder:
         return b"".join(out)
 
     def _stage_bytes(self, stage: str) -> bytes:
-        """A stage as Avro bytes, remembered for the first :data:`_MAX_SHAPES` stages."""
+        """A stage as Avro bytes, remembered for the first :data:`_MAX_REMEMBERED` stages."""
         found = avro_string(stage)
-        if len(self._stages) < _MAX_SHAPES:
+        if len(self._stages) < _MAX_REMEMBERED:
             self._stages[stage] = found
         return found
 
@@ -310,7 +311,7 @@ class EventEncoder:
         shape = self._shapes.get(names)
         if shape is None:
             key_bytes = [self._key_bytes(key) for key in names]
-            if len(self._shapes) >= _MAX_SHAPES:
+            if len(self._shapes) >= _MAX_REMEMBERED:
                 return self._metric_pairs(metrics, key_bytes)
             shape = self._shapes[names] = _MetricShape(key_bytes)
         arguments = shape.arguments.copy()
