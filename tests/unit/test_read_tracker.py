@@ -1,4 +1,4 @@
-"""ReadTracker: gaps in delivered offsets become one seek back; re-reads are processed."""
+"""ReadTracker: a delivery past the next offset wanted names the offsets missing before it."""
 
 from __future__ import annotations
 
@@ -7,56 +7,48 @@ from rlpulse.streams.worker.read_tracker import ReadTracker
 TP = ("events", 0)
 
 
-def verdicts(tracker: ReadTracker, offsets: list[int]) -> list[str]:
-    return [tracker.delivered(TP, offset).value for offset in offsets]
+def missing(tracker: ReadTracker, offsets: list[int]) -> list[list[int]]:
+    return [list(tracker.delivered(TP, offset)) for offset in offsets]
 
 
-def test_contiguous_deliveries_are_processed() -> None:
+def test_contiguous_deliveries_miss_nothing() -> None:
     tracker = ReadTracker()
-    assert verdicts(tracker, [5, 6, 7]) == ["process"] * 3
+    assert missing(tracker, [5, 6, 7]) == [[], [], []]
     assert tracker.next_offset(TP) == 8
 
 
-def test_a_gap_seeks_back_once_and_skips_stale_deliveries_until_the_re_read() -> None:
+def test_a_gap_names_the_offsets_skipped_once() -> None:
     tracker = ReadTracker()
-    assert verdicts(tracker, [10, 11, 14]) == ["process", "process", "seek"]
-    assert tracker.seek_target(TP) == 12
-    # 15 was already buffered before the seek; then the re-read starts at 12
-    assert verdicts(tracker, [15, 12, 13, 14, 15]) == ["skip"] + ["process"] * 4
-    assert tracker.next_offset(TP) == 16
+    assert missing(tracker, [10, 11, 14]) == [[], [], [12, 13]]
+    assert tracker.next_offset(TP) == 15
+    # the agent read 12 and 13 itself: the partition reads on from 15
+    assert missing(tracker, [15, 16]) == [[], []]
 
 
 def test_a_first_delivery_past_the_expected_start_is_a_gap() -> None:
     """At a takeover the committed offset is known: skipping from it is caught too."""
     tracker = ReadTracker()
     tracker.expect(TP, 414)
-    assert verdicts(tracker, [416]) == ["seek"]
-    assert tracker.seek_target(TP) == 414
-    assert verdicts(tracker, [414, 415, 416]) == ["process"] * 3
+    assert missing(tracker, [416]) == [[414, 415]]
     tracker.expect(TP, 3)  # only before the first delivery
     assert tracker.next_offset(TP) == 417
 
 
-def test_deliveries_from_before_the_expected_start_are_processed() -> None:
+def test_deliveries_from_before_the_next_wanted_miss_nothing() -> None:
+    """Deliveries again (after a seek, or from before the committed offset) are processed."""
     tracker = ReadTracker()
     tracker.expect(TP, 10)
-    assert verdicts(tracker, [8, 9, 10, 11]) == ["process"] * 4
-    assert tracker.next_offset(TP) == 12
+    assert missing(tracker, [8, 9, 10, 11]) == [[], [], [], []]
+    assert missing(tracker, [1, 2, 12]) == [[], [], []]
+    assert tracker.next_offset(TP) == 13
 
 
-def test_a_gap_that_never_fills_is_accepted_after_max_skip() -> None:
-    tracker = ReadTracker(max_skip=2)
-    assert verdicts(tracker, [1, 3]) == ["process", "seek"]
-    assert verdicts(tracker, [3, 3, 3, 4]) == ["skip", "skip", "process", "process"]
-
-
-def test_deliveries_again_after_a_seek_are_processed_and_forget_starts_over() -> None:
+def test_forget_starts_over() -> None:
     tracker = ReadTracker()
-    assert verdicts(tracker, [1, 2, 3, 1, 2]) == ["process"] * 5
-    assert tracker.next_offset(TP) == 4
+    assert missing(tracker, [1, 2, 3]) == [[], [], []]
     tracker.forget()
     assert tracker.next_offset(TP) is None
-    assert verdicts(tracker, [9]) == ["process"]
+    assert missing(tracker, [9]) == [[]]
 
 
 def test_stall_count_grows_while_the_wanted_offset_stands_still_with_messages_unread() -> None:

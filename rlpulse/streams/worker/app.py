@@ -41,9 +41,10 @@ changelog once per batch instead of once per event. Everything it publishes goes
 to the event loop per record, so a batch's records leave in a few produce requests.
 
 Crash safety: after any crash or rebalance no summary or command is lost and none is
-applied twice. After a takeover faust was seen skipping a range of offsets (and committing
-them): :class:`~rlpulse.streams.worker.read_tracker.ReadTracker` notices the gap and the agent
-seeks back over it; a tick watchdog re-seeks a partition whose delivery stalls.
+applied twice. Around a rebalance faust was seen leaving a range of a partition out:
+:class:`~rlpulse.streams.worker.read_tracker.ReadTracker` notices the gap and the agent reads
+the range itself (:mod:`~rlpulse.streams.worker.gap_reader`) before the message that revealed
+it, acking it with its batch; a tick watchdog re-seeks a partition whose delivery stalls.
 Summaries and commands have deterministic ids and their consumers count each id once
 (the rule engine evaluates a step once; the trainer's ControlClient applies a command
 once), so publishing one twice is harmless; what must never happen is a state record
@@ -85,9 +86,10 @@ from rlpulse.streams.keys import event_stage_key
 from rlpulse.streams.pipeline import PipelineTables, Released, StepPipeline
 from rlpulse.streams.rulebook import RuleBook
 from rlpulse.streams.worker.encoded import JsonValues
+from rlpulse.streams.worker.gap_reader import GapReader
 from rlpulse.streams.worker.metrics import WorkerMetrics
 from rlpulse.streams.worker.outbox import Outbox
-from rlpulse.streams.worker.read_tracker import ReadTracker, Verdict
+from rlpulse.streams.worker.read_tracker import ReadTracker
 from rlpulse.streams.worker.state_codec import register_state_codec
 from rlpulse.streams.worker.steady_consumer import use_steady_consumer
 from rlpulse.streams.worker.write_behind import WriteBehind, flush_in_order
@@ -165,15 +167,15 @@ EXIT_PUBLISH_FAILED = 75
 
 
 def fail_fast(exc: BaseException) -> NoReturn:
-    """End the process at once after a failed publish or state write; never returns.
+    """End the process at once after a failed publish, state write or re-read; never returns.
 
     faust would restart the agent inside the process, whose tables and write-behind are then
     ahead of what was published; a new process recovers from the changelogs instead, the path
     the crash-order argument of docs/design.md covers (as after a SIGKILL).
     """
     log.critical(
-        "a summary, command or state write failed (%s: %s); the worker exits with status %d so "
-        "that its restart recovers from the changelogs",
+        "a summary, command or state write, or a re-read of skipped offsets, failed (%s: %s); "
+        "the worker exits with status %d so that its restart recovers from the changelogs",
         type(exc).__name__,
         exc,
         EXIT_PUBLISH_FAILED,
@@ -326,9 +328,12 @@ class WorkerApp:
         # partition, and the stall watchdog's counts.
         self._owned: set[int] = set()
         self.reads = ReadTracker(min_tick_gap_s=0.9 * settings.worker.tick_interval_s)
+        self.gaps = GapReader(settings, settings.worker_group)
         # The batch in progress: deliveries to await, released summaries not yet sent.
         self._deliveries: list[Awaitable[Any]] = []
         self._held: list[tuple[Released, Any]] = []
+        # Messages faust skipped and the agent read itself: acked when their batch ends.
+        self._reread: list[Any] = []
 
         self.app.agent(
             self.app.topic(topics.events, topics.ticks, topics.acks), name="rlpulse.joiner"
@@ -391,16 +396,17 @@ class WorkerApp:
             if not await self._may_expire(message.partition):
                 self.metrics.ticks_deferred.inc()
                 return
-            released = self._on_tick(message.partition)
-        elif not await self._admit(message):
+            await self._hold(self._on_tick(message.partition), message)
             return
-        elif message.topic == self.acks_name:
-            await self._on_ack(message)
-            return
-        else:
-            released = await self._on_event(message, self._deliveries)
+        for each in await self._in_order(message):
+            if each.topic == self.acks_name:
+                await self._on_ack(each)
+            else:
+                await self._hold(await self._on_event(each, self._deliveries), each)
+
+    async def _hold(self, released: list[Released], source: Any) -> None:
         for item in released:
-            self._held.append((item, message))
+            self._held.append((item, source))
             if item.commands:
                 await self._send_held()
 
@@ -417,6 +423,9 @@ class WorkerApp:
         await flush_in_order(
             [self.rule_state], [self.groups, self.runs, self.partition_stages], [self.stages]
         )
+        for message in self._reread:  # their offsets become committable with the batch's
+            self.app.consumer.ack(message)
+        self._reread.clear()
 
     async def _on_event(self, message: Any, deliveries: list[Awaitable[Any]]) -> list[Released]:
         """Join one event; a refused one is dead-lettered (its delivery added to ``deliveries``)."""
@@ -470,28 +479,29 @@ class WorkerApp:
             deliveries.append(await self.outbox.send(self.topics.verdicts, key, encoded))
         return deliveries
 
-    async def _admit(self, message: Any) -> bool:
-        """Whether to process a delivered message; seeks back over a gap in its partition.
+    async def _in_order(self, message: Any) -> list[Any]:
+        """``message``, after the offsets of its partition faust left out before it, read here.
 
-        A message delivered again after a seek is processed again: the joiner drops events
+        A message delivered again (after a seek) is processed again: the joiner drops events
         it has merged (by producer id and seq) and the rule engine evaluates each step once.
         """
         if self.reads.next_offset(message.tp) is None:  # faust may learn it after the takeover
             self._expect_committed(message.tp)
-        verdict = self.reads.delivered(message.tp, message.offset)
-        if verdict is Verdict.SEEK:
-            target = self.reads.seek_target(message.tp)
-            log.warning(
-                "%s partition %d: offsets %d..%d were never delivered; seeking back to %d",
-                message.topic,
-                message.partition,
-                target,
-                message.offset - 1,
-                target,
-            )
-            self.metrics.rewinds.inc()
-            await self.app.consumer.seek(message.tp, target)
-        return verdict is Verdict.PROCESS
+        missing = self.reads.delivered(message.tp, message.offset)
+        if not missing:
+            return [message]
+        read = await self.gaps.read(message.topic, message.partition, missing.start, missing.stop)
+        log.warning(
+            "%s partition %d: offsets %d..%d were never delivered; read them again (%d messages)",
+            message.topic,
+            message.partition,
+            missing.start,
+            missing.stop - 1,
+            len(read),
+        )
+        self.metrics.rewinds.inc()
+        self._reread += read
+        return [*read, message]
 
     def _take_over(self, partition: int) -> None:
         """Start owning ``partition``: its open groups get a fresh grace period.

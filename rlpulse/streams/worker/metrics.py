@@ -66,7 +66,7 @@ class WorkerMetrics:
         )
         self.rewinds = Counter(
             "rlpulse_partition_rewinds_total",
-            "Times a partition was sought back: its delivery stalled or skipped offsets.",
+            "Times offsets faust skipped were read again, or a stalled partition sought back.",
             registry=registry,
         )
         self.join_lag = Histogram(

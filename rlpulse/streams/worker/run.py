@@ -47,9 +47,15 @@ Say = Callable[[str], None]
 
 
 def start_up(settings: Settings, say: Say) -> WorkerApp:
-    """Everything before the faust worker runs: Kafka reachable, topics, rules, metrics."""
+    """Everything before the faust worker runs: Kafka reachable, topics, rules, metrics.
+
+    Says at the end how long it took, step by step (a start-up against a cluster that lost a
+    broker waits on its fail-over in several of them).
+    """
     deadline = Deadline(settings.worker.startup_timeout_s)
+    steps = StepClock()
     bootstrap = wait_for_kafka(settings, deadline, say)
+    steps.done("Kafka")
     topics = Topics(settings.prefix)
     created, replication = retry_until(
         deadline,
@@ -59,7 +65,9 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
     )
     if created:
         say(f"created the topics: {', '.join(created)}")
+    steps.done("topics")
     warn_under_replicated(settings, topics, replication, bootstrap)
+    steps.done("replication check")
     book, follow = rule_book(settings)
     registry = CollectorRegistry()
     worker_app = WorkerApp(settings, book, registry=registry, replication=replication)
@@ -88,6 +96,7 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
         "the worker's state topics",
         say,
     )
+    steps.done("state topics")
     limits = retry_until(
         deadline,
         lambda: raise_message_limits(
@@ -106,12 +115,33 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
             state_max,
             refusal,
         )
+    steps.done("message limits")
     follow(deadline)  # after WorkerApp attached the book's counters: refusals at start count
+    steps.done("rules")
     port = settings.worker.metrics_port
     if port is not None:
         start_http_server(port, addr=settings.worker.metrics_host, registry=registry)
         say(f"metrics on http://{settings.worker.metrics_host}:{port}/metrics")
+    say(f"started in {steps}; faust joins the group next")
     return worker_app
+
+
+class StepClock:
+    """How long each step of a start-up took, said as one line (``str``)."""
+
+    def __init__(self) -> None:
+        self._began = self._last = time.monotonic()
+        self._steps: list[tuple[str, float]] = []
+
+    def done(self, step: str) -> None:
+        """``step`` ended now."""
+        now = time.monotonic()
+        self._steps.append((step, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        each = ", ".join(f"{step} {seconds:.1f}" for step, seconds in self._steps)
+        return f"{self._last - self._began:.1f} s ({each})"
 
 
 def say_while_running(message: str) -> None:
