@@ -34,9 +34,7 @@ def test_a_skipped_range_is_read_back_in_order_with_keys_and_headers(
         (f"run-{i}".encode(), f"value-{i}".encode()) for i in range(7, 19)
     ]
     assert read[0].headers == [("n", b"7")]
-    assert {(m.topic, m.partition, m.tp) for m in read} == {
-        (topics.events, 1, (topics.events, 1))
-    }
+    assert {(m.topic, m.partition, m.tp) for m in read} == {(topics.events, 1, (topics.events, 1))}
     assert not any(m.acked for m in read)  # the agent acks them with its batch
 
 
