@@ -26,7 +26,7 @@ would); how it ended is asserted. The bounds:
   after its start on a healthy cluster (faust runs after 2 s; joining waits for the killed
   member's session, 10 s, to expire) and 12 s to 14.6 s with the rules topic's leader dead:
   the rules follower waits for the end of the rules topic, through its fail-over (9 s), asking
-  a fresh client each try of at most 5 s. The start-up's steps on the state topics ask a fresh
+  a fresh client each try of at most 5 s. The start-up's message-limit step asks a fresh
   client each try of at most 5 s too (one DescribeConfigs to the dead broker once waited 24 s
   of the 30 s it was allowed: the worker consumed 27 s after its start). So consuming by 16 s
   after the kill. After a restart faust may skip a partition's offsets, which the worker then

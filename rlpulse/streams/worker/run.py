@@ -45,13 +45,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 Say = Callable[[str], None]
 
-ADMIN_TRY_S = 5.0
-"""The longest one try of a start-up step on the state topics may wait (then a fresh client).
+CONFIG_TRY_S = 5.0
+"""The longest one try of reading and raising the state topics' message limit may wait.
 
 A request that went to a broker which just died waits for its whole timeout (seen here: a
 worker restarted beside a dead broker waited 24 s in one DescribeConfigs, with 30 s then
-allowed). A fresh client per try, once the cluster has fenced the dead broker, asks a live
-one.
+allowed). The next try's fresh client, once the cluster has fenced the dead broker, asks a
+live one. (Creating the state topics keeps up to 30 s a try: on a fresh cluster it waits
+until every new partition is served.)
 """
 
 
@@ -100,7 +101,7 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
             new_admin(settings),
             state_topics,
             replication,
-            timeout_s=max(1.0, min(ADMIN_TRY_S, deadline.left())),
+            timeout_s=max(1.0, min(30.0, deadline.left())),
         ),
         "the worker's state topics",
         say,
@@ -109,7 +110,9 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
     limits = retry_until(
         deadline,
         lambda: raise_message_limits(
-            new_admin(settings), state_topics, timeout_s=max(1.0, min(ADMIN_TRY_S, deadline.left()))
+            new_admin(settings),
+            state_topics,
+            timeout_s=max(1.0, min(CONFIG_TRY_S, deadline.left())),
         ),
         "the worker's state topics' message limit",
         say,
