@@ -36,7 +36,7 @@ from rlpulse.local.exceptions import BrokerError
 from rlpulse.local.java import MavenJars, port_in_use, require_tool, stop_pid, tail
 from rlpulse.local.private_files import write_private
 from rlpulse.settings import SaslMechanism, SecuritySettings, Settings
-from rlpulse.transport.bootstrap import BrokerRecord
+from rlpulse.transport.bootstrap import BROKER_MAIN_CLASS, BrokerRecord
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import TransportError
 from rlpulse.transport.roles import Role, role_grants
@@ -435,7 +435,7 @@ class LocalBroker:
         console = self.console_file.open("ab")
         try:
             return subprocess.Popen(
-                self._java_command(java, libs, "kafka.Kafka", str(config)),
+                self._java_command(java, libs, BROKER_MAIN_CLASS, str(config)),
                 stdout=console,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -36,7 +36,7 @@ from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import SearchError
 from rlpulse.local.java import MavenJars, Progress, port_in_use, require_tools, stop_pid, tail
 from rlpulse.settings import Settings
-from rlpulse.transport.bootstrap import LOCAL_HOST, pid_alive
+from rlpulse.transport.bootstrap import LOCAL_HOST, recorded_process_alive
 
 __all__ = [
     "LocalSearch",
@@ -105,7 +105,7 @@ class SearchRecord:
             record = cls(**json.loads((state_dir / STATE_FILE).read_text()))
         except (OSError, ValueError, TypeError):
             return None
-        return record if pid_alive(record.pid) else None
+        return record if recorded_process_alive(record.pid, LAUNCHER_CLASS) else None
 
     def write(self, state_dir: Path) -> None:
         """Record this node in ``state_dir``."""

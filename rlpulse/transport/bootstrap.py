@@ -19,11 +19,19 @@ from pathlib import Path
 
 from rlpulse.settings import DEFAULT_BOOTSTRAP, Settings
 
-__all__ = ["BrokerRecord", "bootstrap_servers", "pid_alive"]
+__all__ = [
+    "BROKER_MAIN_CLASS",
+    "BrokerRecord",
+    "bootstrap_servers",
+    "pid_alive",
+    "recorded_process_alive",
+]
 
 STATE_FILE = "state.json"
 LOCAL_HOST = "127.0.0.1"
 """Where ``rlpulse broker up`` listens."""
+BROKER_MAIN_CLASS = "kafka.Kafka"
+"""The main class on a local broker's command line (how its recorded pid is recognised)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ class BrokerRecord:
             record = cls(**data)
         except (OSError, ValueError, TypeError):
             return None
-        return record if pid_alive(record.pid) else None
+        return record if recorded_process_alive(record.pid, BROKER_MAIN_CLASS) else None
 
     def write(self, state_dir: Path) -> None:
         """Record this broker in ``state_dir``."""
@@ -69,6 +77,31 @@ def pid_alive(pid: int) -> bool:
         if waited == pid:
             return False
     return True
+
+
+def recorded_process_alive(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is alive and still the process a state file recorded.
+
+    A pid is given to a new process once its own has ended (the numbers wrap at 32,768 on a
+    default Linux; the test suite gets there in minutes): a record left by a broker that
+    died must not make rlpulse stop or SIGKILL whatever runs under that number now. So the
+    process's command line must hold ``marker`` (the recorded program's main class). Where
+    ``/proc`` is missing (macOS) the pid alone decides.
+    """
+    if not pid_alive(pid):
+        return False
+    if not _PROC.is_dir():
+        return True
+    try:
+        command_line = (_PROC / str(pid) / "cmdline").read_bytes()
+    except FileNotFoundError:  # it ended just now
+        return False
+    except PermissionError:
+        return True
+    return marker.encode() in command_line.split(b"\0")
+
+
+_PROC = Path("/proc")
 
 
 def local_broker_dir(settings: Settings) -> Path:

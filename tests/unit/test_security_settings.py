@@ -17,8 +17,9 @@ from rlpulse.cli import app
 from rlpulse.exceptions import SettingsError
 from rlpulse.local.tls import ensure_broker_tls
 from rlpulse.settings import SecuritySettings, Settings, load_settings, masked
-from rlpulse.transport.bootstrap import BrokerRecord
+from rlpulse.transport.bootstrap import BROKER_MAIN_CLASS, BrokerRecord
 from rlpulse.transport.clients import client_properties, faust_broker_options
+from tests.recorded_process import process_running
 
 PASSWORD = "s3cret-Password-that-must-never-show"
 KEY = "a-signing-key-that-is-long-enough-0123456789"
@@ -183,20 +184,21 @@ def test_mutual_tls_client_properties(tmp_path: Path) -> None:
 def test_the_local_secured_broker_lends_its_ca(tmp_path: Path) -> None:
     """With bootstrap unset, a TLS client trusts the CA the local broker recorded."""
     settings = Settings(security=SecuritySettings(protocol="SSL"))
-    BrokerRecord(
-        pid=os.getpid(),
-        port=9092,
-        controller_port=9093,
-        bootstrap="127.0.0.1:9092",
-        kafka_version="4.1.1",
-        log_file="x",
-        started_ns=time.time_ns(),
-        secure=True,
-        ca_file=str(tmp_path / "ca.pem"),
-    ).write(settings.home / "broker")
-    assert client_properties(settings)["ssl.ca.location"] == str(tmp_path / "ca.pem")
-    elsewhere = settings.model_copy(update={"bootstrap": "kafka-1:9093"})
-    assert "ssl.ca.location" not in client_properties(elsewhere)
+    with process_running(BROKER_MAIN_CLASS) as broker_pid:
+        BrokerRecord(
+            pid=broker_pid,
+            port=9092,
+            controller_port=9093,
+            bootstrap="127.0.0.1:9092",
+            kafka_version="4.1.1",
+            log_file="x",
+            started_ns=time.time_ns(),
+            secure=True,
+            ca_file=str(tmp_path / "ca.pem"),
+        ).write(settings.home / "broker")
+        assert client_properties(settings)["ssl.ca.location"] == str(tmp_path / "ca.pem")
+        elsewhere = settings.model_copy(update={"bootstrap": "kafka-1:9093"})
+        assert "ssl.ca.location" not in client_properties(elsewhere)
 
 
 def test_faust_gets_the_same_security(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

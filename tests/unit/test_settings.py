@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from rlpulse.cli import app
 from rlpulse.exceptions import SettingsError
 from rlpulse.settings import Settings, environment_names, explain, load_settings, masked
-from rlpulse.transport.bootstrap import BrokerRecord, bootstrap_servers
+from rlpulse.transport.bootstrap import BROKER_MAIN_CLASS, BrokerRecord, bootstrap_servers
 from rlpulse.transport.clients import client_properties
+from tests.recorded_process import process_running
 
 
 @pytest.fixture(autouse=True)
@@ -95,20 +96,27 @@ def test_unset_bootstrap_finds_the_local_broker(tmp_path: Path) -> None:
     import os
 
     settings = Settings()
-    record = BrokerRecord(
-        pid=os.getpid(),
-        port=39092,
-        controller_port=39093,
-        bootstrap="127.0.0.1:39092",
-        kafka_version="4.1.1",
-        log_file="x",
-        started_ns=0,
-    )
-    record.write(settings.home / "broker")
-    assert bootstrap_servers(settings) == "127.0.0.1:39092"
-    assert bootstrap_servers(Settings(bootstrap="k:1")) == "k:1"
+    with process_running(BROKER_MAIN_CLASS) as broker_pid:
+        record = BrokerRecord(
+            pid=broker_pid,
+            port=39092,
+            controller_port=39093,
+            bootstrap="127.0.0.1:39092",
+            kafka_version="4.1.1",
+            log_file="x",
+            started_ns=0,
+        )
+        record.write(settings.home / "broker")
+        assert bootstrap_servers(settings) == "127.0.0.1:39092"
+        assert bootstrap_servers(Settings(bootstrap="k:1")) == "k:1"
+    assert bootstrap_servers(settings) == "127.0.0.1:9092"  # it ended
     dead = BrokerRecord(**{**record.__dict__, "pid": 2**22 + 12345})
     dead.write(settings.home / "broker")
+    assert bootstrap_servers(settings) == "127.0.0.1:9092"
+    # a record whose pid now belongs to another process (pids are reused) is no broker
+    reused = BrokerRecord(**{**record.__dict__, "pid": os.getpid()})
+    reused.write(settings.home / "broker")
+    assert BrokerRecord.read(settings.home / "broker") is None
     assert bootstrap_servers(settings) == "127.0.0.1:9092"
 
 
@@ -310,19 +318,18 @@ def test_incomplete_s3_settings_are_refused(flags: dict[str, str], problem: str)
 def test_opensearch_url_is_the_setting_else_the_local_node_else_the_search_port(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import os
-
-    from rlpulse.local.opensearch import SearchRecord, search_url
+    from rlpulse.local.opensearch import LAUNCHER_CLASS, SearchRecord, search_url
 
     assert search_url(Settings()) == "http://127.0.0.1:9200"
     monkeypatch.setenv("RLPULSE_SEARCH__PORT", "9201")
     assert search_url(Settings()) == "http://127.0.0.1:9201"
-    record = SearchRecord(
-        pid=os.getpid(), url="http://127.0.0.1:39200", http_port=39200, transport_port=39300,
-        version="2.19.6", heap="512m", log_file="x", started_ns=0,
-    )  # fmt: skip
-    record.write(Settings().home / "search")
-    assert search_url(Settings()) == "http://127.0.0.1:39200"
+    with process_running(LAUNCHER_CLASS) as node_pid:
+        record = SearchRecord(
+            pid=node_pid, url="http://127.0.0.1:39200", http_port=39200, transport_port=39300,
+            version="2.19.6", heap="512m", log_file="x", started_ns=0,
+        )  # fmt: skip
+        record.write(Settings().home / "search")
+        assert search_url(Settings()) == "http://127.0.0.1:39200"
     monkeypatch.setenv("RLPULSE_OPENSEARCH_URL", " https://search.example:9200/ ")
     assert search_url(Settings()) == "https://search.example:9200"
     monkeypatch.setenv("RLPULSE_OPENSEARCH_URL", "")
