@@ -98,6 +98,8 @@ def recorded_process_alive(pid: int, marker: str) -> bool:
         return False
     except PermissionError:
         return True
+    if not command_line:  # a process in the middle of its exec shows none yet
+        return True
     return marker.encode() in command_line.split(b"\0")
 
 
