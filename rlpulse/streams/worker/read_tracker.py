@@ -45,15 +45,12 @@ class ReadTracker:
         """The offsets of ``tp`` missing before a delivery of ``offset`` (empty: none).
 
         The caller reads them itself before it processes ``offset``; the next offset wanted
-        is ``offset + 1`` either way. A delivery from before the next one wanted (read again
-        after a seek) misses nothing.
+        is then past ``offset`` either way. A delivery from before the next one wanted (read
+        again after a seek) misses nothing.
         """
         wanted = self._next.get(tp)
-        if wanted is None or offset <= wanted:
-            self._next[tp] = offset + 1 if wanted is None else max(wanted, offset + 1)
-            return range(0)
-        self._next[tp] = offset + 1
-        return range(wanted, offset)
+        self._next[tp] = offset + 1 if wanted is None else max(wanted, offset + 1)
+        return range(0) if wanted is None else range(wanted, offset)
 
     def stalled_ticks(self, tp: Hashable, wanted: int | None, unread: int, now: float = 0.0) -> int:
         """Count one watchdog tick on ``tp``: for how many ticks in a row it has not moved.
