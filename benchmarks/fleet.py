@@ -1,31 +1,31 @@
-"""Fleet benchmark: rlpulse at the size users run, on this machine.
+"""Fleet benchmark: rlpulse at the size users run, hosts packed into processes on this machine.
 
-Each rank is what a real rank is: its own ``RunLink`` (an ``EventLogger`` with its own
-librdkafka producer, write-ahead log and sender thread; rank 0 adds the ``ControlClient``),
-taking commands through ``poll_commands``, a collective over a real broadcast between
-processes: the ranks of a run are spread over ``--nodes`` node processes, and a run's
-broadcast goes between them over ``torch.distributed`` (gloo), then to the node's other
-ranks (threads). Ranks log 16 metrics a step, one step every ``--step-s`` s; the worker runs
-the seed rules plus a probe rule that answers every ``--probe-every``-th step with a command;
-KL passes 0.3 ten steps before the end, so kl-guard stops every run.
+A host is one process: its ranks are threads, each a real ``RunLink`` with its own write-ahead
+log (1 MiB segments), and the host has its own agent, which its ranks start by themselves
+(``producer.hostname`` differs per host, so each host has an agent of its own, as on a
+cluster). No process imports torch: a run's broadcast (``poll_commands``' collective) crosses
+hosts over sockets: the host of rank 0 sends rank 0's list to one thread of every other host
+of the run, which hands it to that host's other ranks. rlpulse owns poll -> broadcast call ->
+apply on every rank; the broadcast is the benchmark's, as it is the user's.
 
-Scenarios (``--scenarios``, default all): ``a`` one run of 1,024 ranks; ``b`` 64 runs of 64
-ranks; ``c`` scenario b with 1, 2 and 3 workers in one group (``--workers``), and a drain of
-a backlog of the fleet's events by each group (``drain``: those drains alone). Each prints
-JSON lines:
+Ranks log 16 metrics a step, one step every ``--step-s`` s; the worker runs the seed rules
+plus a probe rule that answers every ``--probe-every``-th step with a command; KL passes 0.3
+ten steps before the end, so kl-guard stops every run. Scenarios (``--scenarios``):
 
-- ``join``: last rank's ``log()`` of a step -> its StepSummary's emission: p50/p99/max, the
-  summaries closed complete / by grace, revisions;
-- ``fanout``: command issued -> every rank applied it (all at one step, asserted), p50/p99,
-  and the ack's arrival; ``stop``: the steps between kl-guard's step and where it was applied;
-- ``host``: the broker's CPU share and its connections, the worker(s)' CPU share and RSS,
-  the node processes' RSS and threads, the machine's busy share;
-- ``exporter``: series count and scrape time of ``/metrics``; ``prometheus``: the
-  dashboard's heatmap and band queries over the run on a real Prometheus (Debian's);
-- ``drain`` (scenario c): events/s of the group on a backlog, and per worker events per
-  CPU-second.
+- ``a``: one run of ``--a-ranks`` (1,024) ranks as hosts of ``--a-host-ranks`` (8);
+- ``b``: ``--b-runs`` (64) runs of ``--b-ranks`` (64) ranks on ``--b-hosts`` (64) hosts of 64
+  ranks: each run spans 8 hosts, each host holds 8 runs' ranks, the runs' step phases
+  staggered over the step as on a real cluster;
+- ``c``: one run of 8 ranks on one host whose rank 1 is a process of its own, SIGKILLed
+  mid-run ``--kills`` (10) times and started again each time: from each kill to the moment
+  every record that rank's ``log()`` accepted (events and text records) is on its topic,
+  none twice, while the host's other ranks train on.
 
-Uses ``RLPULSE_BOOTSTRAP`` if set, otherwise starts (and stops) a local broker.
+Each prints JSON lines: ``join`` (last rank's ``log()`` -> its StepSummary's emission,
+p50/p99), ``fanout`` (issued -> every rank applied, all at one step, p50/p99), ``stop`` (steps
+between kl-guard's due step and where it was applied), ``host`` (broker connections; CPU
+share and RSS of the agents, the host processes, the broker and the worker; the machine's
+busy share), ``kill`` (scenario c). Uses its own local broker (it measures the broker).
 """
 
 from __future__ import annotations
@@ -34,37 +34,39 @@ import argparse
 import contextlib
 import json
 import os
+import pickle
+import random
 import shutil
+import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
-from figures import encoded_events, percentile, printer, produce_all
+from figures import percentile, printer
 
 from rlpulse.local.broker import LocalBroker
-from rlpulse.local.child_process import ChildProcess, free_port
-from rlpulse.local.exporter_process import ExporterProcess
+from rlpulse.local.child_process import free_port
 from rlpulse.local.worker_process import WorkerProcess
+from rlpulse.producers.delivery.agent_place import agent_alive, agents_under, read_json
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ProducerSettings, Settings
-from rlpulse.transport.clients import trainer_producer
+from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.topics import ensure_topics
 
 emit = printer("fleet")
 REPO = Path(__file__).resolve().parents[1]
-DASHBOARD = REPO / "compose" / "grafana" / "dashboards" / "rlpulse.json"
 FILLERS = 13  # with kl_divergence, reward_mean and probe: 16 metrics an event
 KL_GUARD_LEAD = 10  # KL passes 0.3 this many steps before the last step
 PROBE_RULE = """
@@ -75,28 +77,40 @@ PROBE_RULE = """
     actions:
       - checkpoint: {tag: probe}
 """
+SEGMENT_BYTES = 1 << 20  # 4,096 logs reserve 4 GiB, not 32
+_FRAME = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What every node process runs (written to a file the nodes read)."""
+    """What every host process runs (written to a file the hosts read)."""
 
     bootstrap: str
     prefix: str
     runs: list[str]
     ranks: int
-    nodes: int
+    hosts: list[list[tuple[str, int]]]
+    """Per host, its (run, rank) pairs."""
+    bus_ports: dict[str, int]
+    """Per run, the port the host of its rank 0 listens on for the other hosts."""
     steps: int
     step_s: float
     probe_every: int
-    gloo_port: int
+    stagger: bool
     out_dir: str
     spool_dir: str
+    go_file: str
 
     @property
     def kl_from(self) -> int:
         """The first step whose KL is above 0.3 (kl-guard is due two steps later)."""
         return self.steps - KL_GUARD_LEAD
+
+    def offset_s(self, run: str) -> float:
+        """Where in the step the run's steps fall (staggered runs spread over the step)."""
+        if not self.stagger:
+            return 0.0
+        return self.runs.index(run) / len(self.runs) * self.step_s
 
     def metrics(self, step: int, rank: int) -> dict[str, float]:
         """The 16 metrics a rank logs at ``step``."""
@@ -107,36 +121,73 @@ class Plan:
         return values
 
 
-# -- a node: ranks as threads, a gloo broadcast between nodes -------------------------------
+def host_settings(plan: Plan, host: int) -> Settings:
+    """A host's settings: its own name (so its own agent) and small write-ahead log segments."""
+    producer = ProducerSettings(
+        spool_dir=Path(plan.spool_dir) / f"host-{host:03d}",
+        hostname=f"fleet-host-{host:03d}",
+        spool_file_bytes=SEGMENT_BYTES,
+        spool_max_bytes=64 * SEGMENT_BYTES,
+    )
+    return Settings(bootstrap=plan.bootstrap, prefix=plan.prefix, producer=producer)
 
 
-class NodeShare:
-    """One run's broadcast on one node: the node's first rank takes part in the gloo
-    broadcast between nodes; the node's other ranks wait for its result."""
+# -- a run's broadcast between hosts ---------------------------------------------------------
 
-    def __init__(self, group: Any, leader: int) -> None:
-        self.group = group
+
+def _send(sock: socket.socket, value: Any) -> None:
+    data = pickle.dumps(value)
+    sock.sendall(_FRAME.pack(len(data)) + data)
+
+
+def _receive(sock: socket.socket) -> Any:
+    def exactly(count: int) -> bytes:
+        parts, left = [], count
+        while left:
+            part = sock.recv(left)
+            if not part:
+                raise ConnectionError("the run's root host closed the connection")
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
+
+    (length,) = _FRAME.unpack(exactly(_FRAME.size))
+    return pickle.loads(exactly(length))
+
+
+class HostBus:
+    """One run's broadcast on one host.
+
+    On the host of rank 0, rank 0's thread sends its value to every other host of the run;
+    elsewhere the host's first rank receives it. The host's other ranks wait for that value.
+    """
+
+    def __init__(self, leader: int, peers: list[socket.socket], root: bool) -> None:
         self.leader = leader
+        self.peers = peers
+        self.root = root
         self.calls: Counter[int] = Counter()
         self.results: dict[int, Any] = {}
         self.ready = threading.Condition()
 
     def for_rank(self, rank: int) -> Callable[[Any], Any]:
-        """The broadcast function of ``rank`` (a thread of this node)."""
+        """The broadcast function of ``rank`` (a thread of this host)."""
 
         def share(value: Any) -> Any:
             call = self.calls[rank]
             self.calls[rank] += 1
             if rank == self.leader:
-                import torch.distributed as dist
-
-                box = [value]
-                dist.broadcast_object_list(box, src=0, group=self.group)
+                if self.root:
+                    for peer in self.peers:
+                        _send(peer, value)
+                    result = value
+                else:
+                    result = _receive(self.peers[0])
                 with self.ready:
-                    self.results[call] = box[0]
+                    self.results[call] = result
                     self.results.pop(call - 8, None)
                     self.ready.notify_all()
-                return box[0]
+                return result
             with self.ready:
                 self.ready.wait_for(lambda: call in self.results)
                 return self.results[call]
@@ -144,43 +195,69 @@ class NodeShare:
         return share
 
 
-def run_node(plan_file: Path, node: int) -> None:
-    """A node process: its share of every run's ranks, until each run is stopped or done."""
-    import torch.distributed as dist
+def connect_buses(plan: Plan, host: int) -> dict[str, HostBus]:
+    """This host's bus of each run it has ranks of (the root's listener accepts the others)."""
+    hosts_of: dict[str, list[int]] = defaultdict(list)
+    for index, pairs in enumerate(plan.hosts):
+        for run in sorted({run for run, _rank in pairs}):
+            hosts_of[run].append(index)
+    mine = plan.hosts[host]
+    buses = {}
+    for run in sorted({run for run, _rank in mine}):
+        ranks = sorted(rank for r, rank in mine if r == run)
+        root = 0 in ranks
+        if root:
+            listener = socket.create_server(("127.0.0.1", plan.bus_ports[run]), backlog=256)
+            peers = []
+            for _ in range(len(hosts_of[run]) - 1):
+                peer, _address = listener.accept()
+                peers.append(peer)
+            listener.close()
+        else:
+            deadline = time.monotonic() + 600
+            while True:
+                try:
+                    peers = [socket.create_connection(("127.0.0.1", plan.bus_ports[run]))]
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        buses[run] = HostBus(0 if root else ranks[0], peers, root)
+    return buses
 
+
+# -- a host ------------------------------------------------------------------------------------
+
+
+def run_host(plan_file: Path, host: int) -> None:
+    """A host process: its ranks as threads, until each run is stopped or done."""
     from rlpulse.producers import RunLink
 
     plan = Plan(**json.loads(plan_file.read_text()))
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{plan.gloo_port}", rank=node, world_size=plan.nodes
-    )
-    groups = [dist.new_group(list(range(plan.nodes))) for _ in plan.runs]
-    settings = Settings(
-        bootstrap=plan.bootstrap,
-        prefix=plan.prefix,
-        producer=ProducerSettings(spool_dir=Path(plan.spool_dir)),
-    )
-    mine = [rank for rank in range(plan.ranks) if rank % plan.nodes == node]
-    shares = [NodeShare(group, mine[0]) for group in groups]
+    settings = host_settings(plan, host)
+    buses = connect_buses(plan, host)
     links = {
         (run, rank): RunLink(
             run, rank=rank, world_size=plan.ranks, settings=settings,
-            broadcast=shares[index].for_rank(rank),
+            broadcast=buses[run].for_rank(rank),
         )
-        for index, run in enumerate(plan.runs)
-        for rank in mine
+        for run, rank in plan.hosts[host]
     }  # fmt: skip
+    (Path(plan.out_dir) / f"ready-{host}").touch()
+    go = Path(plan.go_file)
+    while not go.exists():
+        time.sleep(0.05)
+    start = float(go.read_text())
     log_ns: dict[tuple[str, int], int] = {}
     applied: list[tuple[str, str, int, int, int]] = []
     lock = threading.Lock()
-    box = [time.time() + 3.0]
-    dist.broadcast_object_list(box, src=0)  # every node starts step 0 at node 0's time
-    start = float(box[0])
 
     def rank_loop(run: str, rank: int) -> None:
         link = links[(run, rank)]
+        offset = plan.offset_s(run)
         for step in range(plan.steps + KL_GUARD_LEAD):
-            time.sleep(max(0.0, start + step * plan.step_s - time.time()))
+            time.sleep(max(0.0, start + offset + step * plan.step_s - time.time()))
             link.log(plan.metrics(step, rank), step, "actor")
             now = time.time_ns()
             with lock:
@@ -199,21 +276,21 @@ def run_node(plan_file: Path, node: int) -> None:
     ]
     for thread in threads:
         thread.start()
+    peak_threads = threading.active_count()
     for thread in threads:
         thread.join()
-    out = Path(plan.out_dir) / f"node-{node}.json"
-    out.write_text(
+    (Path(plan.out_dir) / f"host-{host}.json").write_text(
         json.dumps(
             {
                 "log_ns": [[run, step, ns] for (run, step), ns in log_ns.items()],
                 "applied": applied,
                 "rss_mb": _rss_mb(os.getpid()),
                 "cpu_s": cpu_s(os.getpid()),
+                "threads": peak_threads,
                 "seconds": time.time() - start,
             }
         )
     )
-    dist.destroy_process_group()
 
 
 # -- the machine: CPU, memory, connections ---------------------------------------------------
@@ -231,11 +308,6 @@ def cpu_s(pid: int) -> float:
 
 def _rss_mb(pid: int) -> float:
     return int(_stat(pid)[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def threads_of(pid: int) -> int:
-    """How many threads process ``pid`` has."""
-    return int(_stat(pid)[17])
 
 
 def machine_busy() -> tuple[int, int]:
@@ -256,19 +328,35 @@ def connections(port: int) -> int:
     return count
 
 
-class Sampler(threading.Thread):
-    """Samples CPU of the given processes and the broker's connections every second."""
+def agent_pids(spool: Path) -> list[int]:
+    """The pids of the live agents kept under ``spool`` (each host's root below it)."""
+    pids = []
+    for root in sorted(spool.glob("host-*")):
+        for directory in agents_under(root):
+            pid = (read_json(directory / "agent.json") or {}).get("pid")
+            if isinstance(pid, int) and agent_alive(directory / "lock"):
+                pids.append(pid)
+    return pids
 
-    def __init__(self, pids: dict[str, int], broker_port: int) -> None:
+
+@dataclass
+class Sampler(threading.Thread):
+    """Every second: CPU of named processes and groups, RSS, the broker's connections."""
+
+    pids: dict[str, int]
+    groups: dict[str, Callable[[], list[int]]]
+    broker_port: int
+    stopping: threading.Event = field(default_factory=threading.Event)
+    max_connections: int = 0
+    max_rss: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    cpu_seen: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
         super().__init__(daemon=True)
-        self.pids = pids
-        self.broker_port = broker_port
-        self.stopping = threading.Event()
-        self.start_cpu = {name: cpu_s(pid) for name, pid in pids.items()}
         self.start_wall = time.monotonic()
         self.start_busy = machine_busy()
-        self.max_connections = 0
-        self.max_rss: dict[str, float] = defaultdict(float)
+        self.start_cpu = {name: cpu_s(pid) for name, pid in self.pids.items()}
+        self.group_pids: dict[str, set[int]] = defaultdict(set)
 
     def run(self) -> None:
         while not self.stopping.wait(1.0):
@@ -276,20 +364,34 @@ class Sampler(threading.Thread):
             for name, pid in self.pids.items():
                 with contextlib.suppress(OSError):
                     self.max_rss[name] = max(self.max_rss[name], _rss_mb(pid))
+            for name, pids_now in self.groups.items():
+                total_rss = 0.0
+                for pid in pids_now():
+                    with contextlib.suppress(OSError):
+                        used = cpu_s(pid)
+                        first = self.cpu_seen.get(pid, (used, used))[0]
+                        self.cpu_seen[pid] = (first, used)
+                        self.group_pids[name].add(pid)
+                        total_rss += _rss_mb(pid)
+                self.max_rss[name] = max(self.max_rss[name], total_rss)
 
     def shares(self) -> dict[str, Any]:
-        """CPU share of each process (1.0 = one core) and the machine's busy share so far."""
+        """CPU share of each process and group (1.0 = one core), and the machine's."""
         wall = time.monotonic() - self.start_wall
         busy, total = machine_busy()
-        shares = {}
+        shares: dict[str, float] = {}
         for name, pid in self.pids.items():
             with contextlib.suppress(OSError):
                 shares[name] = round((cpu_s(pid) - self.start_cpu[name]) / wall, 3)
+        for name, pids in self.group_pids.items():
+            used = sum(last - first for pid, (first, last) in self.cpu_seen.items() if pid in pids)
+            shares[name] = round(used / wall, 3)
         b0, t0 = self.start_busy
         return {
             "cpu_share": shares,
             "machine_busy": round((busy - b0) / max(total - t0, 1), 3),
             "max_rss_mb": {k: round(v) for k, v in self.max_rss.items()},
+            "processes": {k: len(v) for k, v in self.group_pids.items()},
             "max_broker_connections": self.max_connections,
             "seconds": round(wall, 1),
         }
@@ -323,65 +425,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]
         consumer.close()
 
 
-# -- Prometheus over the run ----------------------------------------------------------------
-
-
-class Prometheus(ChildProcess):
-    """Debian's Prometheus scraping the exporter every ``interval_s``."""
-
-    def __init__(self, workdir: Path, target: str, interval_s: float) -> None:
-        super().__init__(workdir / "prometheus.log")
-        binary = shutil.which("prometheus")
-        if binary is None:
-            raise SystemExit("prometheus is not on PATH: apt-get install prometheus")
-        self.binary = binary
-        self.workdir = workdir
-        self.port = free_port()
-        workdir.mkdir(parents=True, exist_ok=True)
-        config = {
-            "global": {"scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{interval_s:g}s"},
-            "scrape_configs": [{"job_name": "rlpulse", "static_configs": [{"targets": [target]}]}],
-        }
-        (workdir / "prometheus.yml").write_text(json.dumps(config))
-
-    def command(self) -> list[str]:
-        return [
-            self.binary,
-            f"--config.file={self.workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={self.workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-            "--log.level=warn",
-        ]
-
-    def query_range(self, expr: str, start: float, end: float, step_s: float) -> tuple[int, float]:
-        """(series returned, seconds the query took)."""
-        params = urllib.parse.urlencode(
-            {"query": expr, "start": start, "end": end, "step": f"{step_s:g}"}
-        )
-        began = time.perf_counter()
-        url = f"http://127.0.0.1:{self.port}/api/v1/query_range?{params}"
-        with urllib.request.urlopen(url, timeout=120) as response:
-            body = json.loads(response.read())
-        return len(body["data"]["result"]), time.perf_counter() - began
-
-
-def dashboard_queries() -> dict[str, str]:
-    """The dashboard's KL heatmap and reward band queries, with one run's variables filled."""
-    panels = json.loads(DASHBOARD.read_text())["panels"]
-    wanted = {
-        "heatmap": "KL divergence per rank (drift heatmap)",
-        "band": "Reward: mean over ranks, \u00b11 std band",
-    }
-    found: dict[str, str] = {}
-    for panel in panels:
-        for name, title in wanted.items():
-            if panel.get("title") == title:
-                for index, target in enumerate(panel["targets"]):
-                    found[f"{name}_{index}"] = target["expr"]
-    return found
-
-
-# -- one scenario ---------------------------------------------------------------------------
+# -- scenarios a and b ----------------------------------------------------------------------
 
 
 def rules_file(directory: Path) -> Path:
@@ -391,103 +435,129 @@ def rules_file(directory: Path) -> Path:
     return path
 
 
+def layout_a(ranks: int, per_host: int) -> list[list[tuple[str, int]]]:
+    """One run's ranks, ``per_host`` consecutive ones a host."""
+    return [
+        [("a-run-00", rank) for rank in range(first, min(first + per_host, ranks))]
+        for first in range(0, ranks, per_host)
+    ]
+
+
+def layout_b(runs: int, ranks: int, hosts: int) -> list[list[tuple[str, int]]]:
+    """Each run in blocks of 8 ranks on consecutive hosts (wrapping): with 64 runs of 64
+    ranks on 64 hosts, each run spans 8 hosts and each host holds 8 runs' ranks."""
+    layout: list[list[tuple[str, int]]] = [[] for _ in range(hosts)]
+    block = 8 if ranks % 8 == 0 else ranks
+    spans = ranks // block
+    for run in range(runs):
+        for part in range(spans):
+            ranks_here = range(part * block, (part + 1) * block)
+            layout[(run * spans + part) % hosts] += [(f"b-run-{run:02d}", r) for r in ranks_here]
+    return layout
+
+
 def scenario(
     name: str, args: argparse.Namespace, bootstrap: str, broker_pid: int, broker_port: int,
-    runs: int, ranks: int, workers: int, work: Path,
+    layout: list[list[tuple[str, int]]], ranks: int, stagger: bool, work: Path,
 ) -> None:  # fmt: skip
-    """Run one fleet and print its figures."""
+    """Run one fleet of hosts and print its figures."""
     prefix = f"fleet-{name}-{uuid.uuid4().hex[:6]}"
     topics = Topics(prefix)
-    settings = Settings(bootstrap=bootstrap, prefix=prefix)
-    ensure_topics(settings, topics, partitions=args.partitions)
-    started: list[Any] = []  # stopped whatever happens
-    nodes: list[subprocess.Popen[bytes]] = []
+    ensure_topics(Settings(bootstrap=bootstrap, prefix=prefix), topics, partitions=args.partitions)
+    runs = sorted({run for host in layout for run, _rank in host})
+    hosts: list[subprocess.Popen[bytes]] = []
+    worker: WorkerProcess | None = None
+    out = work / f"{name}-out"
+    out.mkdir(parents=True, exist_ok=True)
+    spool = work / f"{name}-spool"
     try:
-        rules = rules_file(work)
-        group = [
-            WorkerProcess(
-                bootstrap, prefix, work / f"{name}-worker-{i}.log", rules=str(rules),
-                partitions=args.partitions, grace_s=args.grace_s,
-            ).start()
-            for i in range(workers)
-        ]  # fmt: skip
-        started += group
-        exporter = ExporterProcess(bootstrap, prefix, work / f"{name}-exporter.log", free_port())
-        exporter.start()
-        started.append(exporter)
-        prometheus = Prometheus(work / f"{name}-prometheus", f"127.0.0.1:{exporter.port}", 5.0)
-        prometheus.start()
-        started.append(prometheus)
-        for worker in group:
-            worker.wait_consuming(timeout_s=120)
-        exporter.wait_ready()
+        worker = WorkerProcess(
+            bootstrap, prefix, work / f"{name}-worker.log", rules=str(rules_file(work)),
+            partitions=args.partitions, grace_s=args.grace_s,
+        ).start()  # fmt: skip
+        worker.wait_consuming(timeout_s=180)
         plan = Plan(
-            bootstrap, prefix, [f"{name}-run-{i:02d}" for i in range(runs)], ranks,
-            min(args.nodes, ranks), args.steps, args.step_s, args.probe_every, free_port(),
-            str(work / f"{name}-out"), str(work / f"{name}-spool"),
+            bootstrap, prefix, runs, ranks, layout, {run: free_port() for run in runs},
+            args.steps, args.step_s, args.probe_every, stagger, str(out), str(spool),
+            str(work / f"{name}-go"),
         )  # fmt: skip
-        Path(plan.out_dir).mkdir(parents=True, exist_ok=True)
         plan_file = work / f"{name}-plan.json"
         plan_file.write_text(json.dumps(asdict(plan)))
-        pids = {"broker": broker_pid, **{f"worker_{i}": w.process.pid for i, w in enumerate(group)}}  # type: ignore[union-attr]
-        began = time.time()
-        nodes = [
+        began_start = time.monotonic()
+        hosts = [
             subprocess.Popen(
-                [sys.executable, __file__, "node", str(plan_file), str(node)],
-                stdout=(work / f"{name}-node-{node}.log").open("w"), stderr=subprocess.STDOUT,
+                [sys.executable, __file__, "host", str(plan_file), str(host)],
+                stdout=(work / f"{name}-host-{host}.log").open("w"), stderr=subprocess.STDOUT,
             )
-            for node in range(plan.nodes)
+            for host in range(len(layout))
         ]  # fmt: skip
+        deadline = time.monotonic() + 900
+        while len(list(out.glob("ready-*"))) < len(layout):
+            failed = [i for i, h in enumerate(hosts) if h.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                raise SystemExit(f"host(s) {failed} failed to start; see {work}/{name}-host-*.log")
+            time.sleep(0.5)
+        took = round(time.monotonic() - began_start, 1)
+        emit("start", scenario=name, hosts=len(layout), seconds=took)
         sampler = Sampler(
-            {**pids, **{f"node_{i}": p.pid for i, p in enumerate(nodes)}}, broker_port
+            {"broker": broker_pid, "worker": worker.process.pid},  # type: ignore[union-attr]
+            {
+                "hosts": lambda: [h.pid for h in hosts if h.poll() is None],
+                "agents": lambda: agent_pids(spool),
+            },
+            broker_port,
         )
         sampler.start()
-        node_threads = 0
+        start = time.time() + 5.0
+        Path(plan.go_file).write_text(repr(start))
         deadline = time.monotonic() + (plan.steps + KL_GUARD_LEAD) * plan.step_s + 600
-        while any(node.poll() is None for node in nodes) and time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                node_threads = max(node_threads, sum(threads_of(n.pid) for n in nodes))
+        while any(h.poll() is None for h in hosts) and time.monotonic() < deadline:
             time.sleep(2.0)
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-        host = sampler.shares()
+        for h in hosts:
+            if h.poll() is None:
+                h.kill()
+        figures = sampler.shares()
         sampler.stopping.set()
-        ended = time.time()
-        failed = [i for i, node in enumerate(nodes) if node.wait() != 0]
+        failed = [i for i, h in enumerate(hosts) if h.wait() != 0]
         if failed:
-            raise SystemExit(f"node(s) {failed} failed; see {work}/{name}-node-*.log")
-        outputs = [
-            json.loads((Path(plan.out_dir) / f"node-{n}.json").read_text())
-            for n in range(plan.nodes)
-        ]
+            raise SystemExit(f"host(s) {failed} failed; see {work}/{name}-host-*.log")
+        outputs = [json.loads((out / f"host-{n}.json").read_text()) for n in range(len(layout))]
         time.sleep(max(5.0, args.grace_s / 3))  # the last summaries and acks land
-        report(name, plan, bootstrap, topics, outputs, group, workers)
+        report(name, plan, bootstrap, topics, outputs, worker)
         emit(
-            "host", scenario=name, runs=runs, ranks=ranks, workers=workers, nodes=plan.nodes,
-            node_threads=node_threads,
-            node_rss_mb=[round(o["rss_mb"]) for o in outputs],
+            "host", scenario=name, runs=len(runs), ranks=ranks, hosts=len(layout),
+            host_threads_max=max(o["threads"] for o in outputs),
+            host_rss_mb_max=round(max(o["rss_mb"] for o in outputs)),
             rank_cpu_ms_per_s=round(
                 sum(o["cpu_s"] for o in outputs) * 1000
-                / (runs * ranks * max(o["seconds"] for o in outputs)), 3,
+                / (sum(len(h) for h in layout) * max(o["seconds"] for o in outputs)), 3,
             ),
-            **host,
+            **figures,
         )  # fmt: skip
-        scrape_figures(name, exporter)
-        query_figures(name, prometheus, began, ended)
+        wait_agents_gone(spool, 120)
     finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
-        for process in reversed(started):
-            process.stop()
+        for h in hosts:
+            if h.poll() is None:
+                h.kill()
+        if worker is not None:
+            worker.stop()
+
+
+def wait_agents_gone(spool: Path, timeout_s: float) -> None:
+    """Wait for the hosts' agents to exit by themselves (their ranks are gone); then end them."""
+    deadline = time.monotonic() + timeout_s
+    while agent_pids(spool) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    for pid in agent_pids(spool):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
 
 
 def report(
     name: str, plan: Plan, bootstrap: str, topics: Topics, outputs: list[dict[str, Any]],
-    group: list[WorkerProcess], workers: int,
+    worker: WorkerProcess,
 ) -> None:  # fmt: skip
-    """Join latency, command fan-out and the stop's step, from the topics and the nodes."""
+    """Join latency, command fan-out and the stop's step, from the topics and the hosts."""
     codec = default_codec()
     last_log: dict[tuple[str, int], int] = {}
     for output in outputs:
@@ -503,16 +573,16 @@ def report(
     ]
     closed = Counter(s["closed_by"] for s in firsts.values())
     if not join_ms:
-        dead = [w.log_file.name for w in group if not w.alive()]
         raise SystemExit(
-            f"scenario {name}: no StepSummary of the {len(last_log)} steps logged; "
-            f"worker(s) exited: {dead or 'none'} (their logs are in {group[0].log_file.parent})"
+            f"scenario {name}: no StepSummary of the {len(last_log)} steps logged; worker "
+            f"alive: {worker.alive()} (its log: {worker.log_file})"
         )
     emit(
-        "join", scenario=name, workers=workers, summaries=len(firsts), steps_logged=len(last_log),
+        "join", scenario=name, summaries=len(firsts), steps_logged=len(last_log),
         revisions=len(mine) - len(firsts), closed_by=dict(closed),
         p50_ms=round(percentile(join_ms, 50), 1), p99_ms=round(percentile(join_ms, 99), 1),
-        max_ms=round(max(join_ms), 1),
+        max_ms=round(max(join_ms), 1), target_p99_ms=1000,
+        met=percentile(join_ms, 99) < 1000,
     )  # fmt: skip
     commands = {
         c["command_id"]: c
@@ -540,132 +610,213 @@ def report(
         fanout_ms.append((max(ns for _, _, ns in got) - command["issued_ns"]) / 1e6)
         if command_id in acks:
             ack_ms.append((acks[command_id] - command["issued_ns"]) / 1e6)
-    stops = [
-        step
-        for command_id, command in commands.items()
-        if command["rule_id"] == "kl-guard"
-        for _, step, _ in applied.get(command_id, [])[:1]
-    ]
-    due = plan.kl_from + 2
     emit(
-        "fanout", scenario=name, workers=workers, commands=len(commands),
+        "fanout", scenario=name, commands=len(commands),
         applied_everywhere=len(fanout_ms), not_on_every_rank=partial, not_at_one_step=split,
         p50_ms=round(percentile(fanout_ms, 50), 1) if fanout_ms else None,
         p99_ms=round(percentile(fanout_ms, 99), 1) if fanout_ms else None,
         ack_p50_ms=round(percentile(ack_ms, 50), 1) if ack_ms else None,
         ack_p99_ms=round(percentile(ack_ms, 99), 1) if ack_ms else None,
+        target_p99_ms=2000, met=bool(fanout_ms) and percentile(fanout_ms, 99) < 2000,
     )  # fmt: skip
+    due = plan.kl_from + 2
+    stops: dict[str, set[int]] = defaultdict(set)
+    for command_id, command in commands.items():
+        if command["rule_id"] == "kl-guard":
+            stops[command["run_id"]] |= {step for _, step, _ in applied.get(command_id, [])}
+    late = [max(steps) - due for steps in stops.values()]
     emit(
-        "stop", scenario=name, workers=workers, runs=len(plan.runs), stopped=len(stops),
-        due_step=due, steps_late_max=max((s - due for s in stops), default=None),
-        steps_late_p50=percentile([s - due for s in stops], 50) if stops else None,
-    )  # fmt: skip
-    for index, worker in enumerate(group):
-        emit("worker_log", scenario=name, worker=index, holding=_holding(worker))
-
-
-def _holding(worker: WorkerProcess) -> list[str]:
-    return [line for line in worker.log_text().splitlines() if "holding" in line][-2:]
-
-
-def scrape_figures(name: str, exporter: ExporterProcess) -> None:
-    """Series count and scrape time of the exporter's /metrics (three scrapes)."""
-    times, series, size = [], 0, 0
-    for _ in range(3):
-        began = time.perf_counter()
-        text = exporter.scrape(timeout_s=60)
-        times.append(time.perf_counter() - began)
-        series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-        size = len(text)
-    emit(
-        "exporter", scenario=name, series=series, bytes=size,
-        scrape_s_median=round(sorted(times)[1], 3), scrape_s_max=round(max(times), 3),
+        "stop", scenario=name, runs=len(plan.runs), stopped=len(stops), due_step=due,
+        at_one_step_on_every_rank=all(len(steps) == 1 for steps in stops.values()),
+        steps_late_max=max(late, default=None),
+        steps_late_p50=percentile(late, 50) if late else None,
+        target="every rank at one step, at most 2 steps after the third violating step",
+        met=len(stops) == len(plan.runs) and all(len(s) == 1 for s in stops.values())
+        and max(late, default=99) <= 2,
     )  # fmt: skip
 
 
-def query_figures(name: str, prometheus: Prometheus, start: float, end: float) -> None:
-    """The dashboard's heatmap and band queries over the run (the first run's variables)."""
-    for label, expr in dashboard_queries().items():
-        filled = (
-            expr.replace("$run", ".*").replace("$stage", "actor").replace("${namespace}", "rlpulse")
-        )
-        series, took = prometheus.query_range(filled, start, end, 5.0)
-        emit("prometheus", scenario=name, query=label, series=series, seconds=round(took, 3))
+# -- scenario c: a rank process SIGKILLed again and again ------------------------------------
+
+VICTIM = """
+import mmap, os, sys, time
+from pathlib import Path
+from rlpulse.producers import EventLogger
+sys.path.insert(0, {benchmarks!r})
+from fleet import host_settings, Plan
+import json
+
+plan = Plan(**json.loads(Path(sys.argv[1]).read_text()))
+counter = Path(sys.argv[2])
+logger = EventLogger(plan.runs[0], rank=1, world_size=8, settings=host_settings(plan, 0))
+descriptor = os.open(counter, os.O_RDWR)
+seen = mmap.mmap(descriptor, 64)
+seen[0:32] = logger.producer_id.encode()
+step = 0
+while True:
+    logger.log(plan.metrics(step, 1), step, "actor")
+    for number in range(5):
+        logger.log_record("INFO", 20, "trainer", f"step {{step}} line {{number}}", step=step)
+    seen[32:40] = logger.logged.to_bytes(8, "little")
+    step += 1
+    time.sleep(0.02)
+"""
 
 
-def drain(
-    args: argparse.Namespace, bootstrap: str, runs: int, ranks: int, workers: int, work: Path
-) -> None:
-    """A backlog of the fleet's events (``--drain-steps`` steps) through a group of workers."""
-    prefix = f"fleet-drain-{uuid.uuid4().hex[:6]}"
-    topics = Topics(prefix)
-    settings = Settings(bootstrap=bootstrap, prefix=prefix)
-    ensure_topics(settings, topics, partitions=args.partitions)
-    backlog = encoded_events("drain", runs, ranks, 16, range(args.drain_steps))
-    producer = trainer_producer(settings, "fleet backlog")
-    produce_all(producer, topics.events, backlog)
-    steps_wanted = runs * args.drain_steps
-    ports = [free_port() for _ in range(workers)]
-    group = [
-        WorkerProcess(
-            bootstrap, prefix, work / f"drain-{workers}-{i}.log", rules="seed",
-            partitions=args.partitions, grace_s=args.grace_s,
-            extra_args=("--metrics-port", str(port), "--metrics-host", "127.0.0.1"),
-        ).start()
-        for i, port in enumerate(ports)
-    ]  # fmt: skip
-    try:
-        for worker in group:
-            worker.wait_consuming(timeout_s=120)
-        cpu0 = [cpu_s(w.process.pid) for w in group]  # type: ignore[union-attr]
-        began = time.monotonic()
-        codec = default_codec()
-        consumer = Consumer(
+def host_ranks_c(plan_file: Path, seconds: float) -> None:
+    """Scenario c's host: ranks 0 and 2..7 of the run, logging as threads for ``seconds``."""
+    from rlpulse.producers import EventLogger
+
+    plan = Plan(**json.loads(plan_file.read_text()))
+    settings = host_settings(plan, 0)
+    loggers = [
+        EventLogger(plan.runs[0], rank=rank, world_size=8, settings=settings)
+        for rank in (0, 2, 3, 4, 5, 6, 7)
+    ]
+    until = time.monotonic() + seconds
+
+    def loop(index: int, logger: Any) -> None:
+        step = 0
+        while time.monotonic() < until:
+            logger.log(plan.metrics(step, logger.rank), step, "actor")
+            logger.log_record("INFO", 20, "trainer", f"step {step}", step=step)
+            step += 1
+            time.sleep(0.05)
+        logger.close(60)
+
+    threads = [threading.Thread(target=loop, args=(i, lg)) for i, lg in enumerate(loggers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+class Arrivals(threading.Thread):
+    """Reads the run's partition of the events and logs topics; notes when each (producer,
+    seq) arrived (the broker's append time) and how often."""
+
+    def __init__(self, bootstrap: str, topics: Topics, run: str, partitions: int) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer(
             {"bootstrap.servers": bootstrap, "group.id": f"fleet-{uuid.uuid4().hex}",
-             "auto.offset.reset": "earliest"}
+             "enable.auto.commit": False}
         )  # fmt: skip
-        consumer.subscribe([topics.steps])
-        seen: set[tuple[str, int]] = set()
-        last = began
-        deadline = began + 900
-        while len(seen) < steps_wanted and time.monotonic() < deadline:
-            for message in consumer.consume(1000, timeout=0.5):
-                if message.error() is None:
-                    summary = codec.decode_summary(message.value() or b"")
-                    seen.add((summary["run_id"], summary["step"]))
-                    last = time.monotonic()
-        consumer.close()
-        seconds = last - began
-        cpu = [cpu_s(w.process.pid) - c for w, c in zip(group, cpu0, strict=True)]  # type: ignore[union-attr]
-        events = len(backlog)
-        per_worker = [_events_counted(port) for port in ports]
-        emit(
-            "drain", workers=workers, events=events, summaries=len(seen), seconds=round(seconds, 1),
-            events_per_s=round(events / seconds), worker_cpu_s=[round(c, 1) for c in cpu],
-            worker_events=per_worker,
-            events_per_cpu_s=[round(e / c) for e, c in zip(per_worker, cpu, strict=True) if c],
-        )  # fmt: skip
+        partition = partition_for(run.encode(), partitions)
+        self.consumer.assign(
+            [TopicPartition(topics.events, partition, 0), TopicPartition(topics.logs, partition, 0)]
+        )
+        self.topics = topics
+        self.seen: dict[tuple[str, int], float] = {}
+        self.count: Counter[tuple[str, int]] = Counter()
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.codec = default_codec()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            for message in self.consumer.consume(1000, timeout=0.2):
+                if message.error() is not None:
+                    continue
+                at = message.timestamp()[1] / 1000
+                headers = {pair[0]: _text(pair[1]) for pair in message.headers() or []}
+                producer = headers.get("rlpulse-producer", "")
+                first = headers.get("rlpulse-seqs", "0-0").partition("-")[0]
+                if message.topic() == self.topics.events:
+                    seqs = [int(first)]
+                else:
+                    seqs = [r["seq"] for r in self.codec.decode_logs(message.value() or b"")]
+                with self.lock:
+                    for seq in seqs:
+                        self.count[(producer, seq)] += 1
+                        self.seen.setdefault((producer, seq), at)
+        self.consumer.close()
+
+    def last_arrival(self, producer: str, logged: int) -> float | None:
+        """When the last of seqs 0..logged-1 arrived; None while one is missing."""
+        with self.lock:
+            times = [self.seen.get((producer, seq)) for seq in range(logged)]
+        return None if any(t is None for t in times) else max(t for t in times if t is not None)
+
+
+def _text(value: str | bytes | None) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def scenario_c(args: argparse.Namespace, bootstrap: str, work: Path) -> None:
+    """One run of 8 ranks on one host; its rank 1, a process of its own, killed ``--kills``
+    times: kill -> every accepted record of it on its topic."""
+    prefix = f"fleet-c-{uuid.uuid4().hex[:6]}"
+    topics = Topics(prefix)
+    ensure_topics(Settings(bootstrap=bootstrap, prefix=prefix), topics, partitions=args.partitions)
+    run = "c-run-00"
+    spool = work / "c-spool"
+    plan = Plan(
+        bootstrap, prefix, [run], 8, [[(run, r) for r in range(8)]], {}, 0, 1.0, 5, False,
+        str(work / "c-out"), str(spool), "",
+    )  # fmt: skip
+    plan_file = work / "c-plan.json"
+    plan_file.write_text(json.dumps(asdict(plan)))
+    arrivals = Arrivals(bootstrap, topics, run, args.partitions)
+    arrivals.start()
+    seconds = args.kills * 8.0 + 30
+    others = subprocess.Popen(
+        [sys.executable, __file__, "c-host", str(plan_file), str(seconds)],
+        stdout=(work / "c-host.log").open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    script = VICTIM.format(benchmarks=str(Path(__file__).resolve().parent))
+    latencies: list[float] = []
+    victims: list[tuple[str, int]] = []
+    try:
+        for kill in range(args.kills):
+            counter = work / f"c-victim-{kill}"
+            counter.write_bytes(b"\0" * 64)
+            victim = subprocess.Popen(
+                [sys.executable, "-c", script, str(plan_file), str(counter)],
+                stdout=(work / f"c-victim-{kill}.log").open("w"), stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            time.sleep(random.uniform(3.0, 6.0))
+            victim.send_signal(signal.SIGKILL)
+            killed = time.time()
+            victim.wait()
+            data = counter.read_bytes()
+            producer, logged = data[0:32].decode(), int.from_bytes(data[32:40], "little")
+            victims.append((producer, logged))
+            deadline = time.monotonic() + 60
+            last = arrivals.last_arrival(producer, logged)
+            while last is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+                last = arrivals.last_arrival(producer, logged)
+            if last is None:
+                raise SystemExit(f"kill {kill}: records of {producer} never arrived")
+            latencies.append(max(0.0, last - killed))
+        others.wait(timeout=seconds + 120)
     finally:
-        for worker in group:
-            worker.stop()
-
-
-def _events_counted(port: int) -> int:
-    """``rlpulse_events_total`` of the worker serving its metrics on ``port``."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    return sum(
-        int(float(line.split()[-1]))
-        for line in text.splitlines()
-        if line.startswith("rlpulse_events_total")
+        if others.poll() is None:
+            others.kill()
+        time.sleep(3.0)
+        arrivals.stopping.set()
+        arrivals.join(10)
+    twice = sum(
+        1
+        for (producer, _seq), count in arrivals.count.items()
+        if count > 1 and producer in {p for p, _ in victims}
     )
+    emit(
+        "kill", scenario="c", kills=len(latencies),
+        records_accepted=[logged for _p, logged in victims],
+        kill_to_topic_p50_s=round(percentile(latencies, 50), 3),
+        kill_to_topic_p99_s=round(percentile(latencies, 99), 3),
+        kill_to_topic_max_s=round(max(latencies), 3), records_twice=twice,
+        target="p99 <= 2 s, none twice",
+        met=percentile(latencies, 99) <= 2.0 and twice == 0,
+    )  # fmt: skip
+    wait_agents_gone(spool, 60)
 
 
 @contextlib.contextmanager
 def kafka(work: Path) -> Iterator[tuple[str, int, int]]:
-    """(bootstrap, broker pid, broker port): ``RLPULSE_BOOTSTRAP``'s, or a local broker's."""
-    configured = os.environ.get("RLPULSE_BOOTSTRAP")
-    if configured:
+    """(bootstrap, broker pid, broker port) of a local broker this benchmark starts."""
+    if os.environ.get("RLPULSE_BOOTSTRAP"):
         raise SystemExit("fleet.py measures the broker's CPU: run it on its own local broker")
     broker = LocalBroker(Settings(), state_dir=work / "broker", port=0)
     record = broker.up()
@@ -676,57 +827,50 @@ def kafka(work: Path) -> Iterator[tuple[str, int, int]]:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "node":
-        run_node(Path(sys.argv[2]), int(sys.argv[3]))
+    if len(sys.argv) > 1 and sys.argv[1] == "host":
+        run_host(Path(sys.argv[2]), int(sys.argv[3]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "c-host":
+        host_ranks_c(Path(sys.argv[2]), float(sys.argv[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--scenarios", default="a,b,c", help="a, b, c, drain (c's drains alone); comma-separated"
-    )
-    parser.add_argument("--nodes", type=int, default=8, help="node processes a run spans")
-    parser.add_argument("--steps", type=int, default=60, help="steps of each run")
+    parser.add_argument("--scenarios", default="a,b,c", help="a, b, c; comma-separated")
+    parser.add_argument("--steps", type=int, default=40, help="steps of each run")
     parser.add_argument("--step-s", type=float, default=2.0, help="seconds between steps")
     parser.add_argument("--probe-every", type=int, default=5, help="a command every N steps")
     parser.add_argument("--partitions", type=int, default=12, help="of the run-keyed topics")
     parser.add_argument("--grace-s", type=float, default=30.0, help="the worker's grace")
-    parser.add_argument("--workers", default="1,2,3", help="group sizes of scenario c")
-    parser.add_argument("--drain-steps", type=int, default=20, help="backlog of the drains")
     parser.add_argument("--a-ranks", type=int, default=1024)
+    parser.add_argument("--a-host-ranks", type=int, default=8)
     parser.add_argument("--b-runs", type=int, default=64)
     parser.add_argument("--b-ranks", type=int, default=64)
+    parser.add_argument("--b-hosts", type=int, default=64)
+    parser.add_argument("--kills", type=int, default=10, help="scenario c's kills")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     chosen = set(args.scenarios.split(","))
-    unknown = sorted(chosen - {"a", "b", "c", "drain"})
+    unknown = sorted(chosen - {"a", "b", "c"})
     if unknown:
-        parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from a, b, c, drain")
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}: choose from a, b, c")
     work = Path(tempfile.mkdtemp(prefix="rlpulse-fleet-"))
-    emit("setup", work=str(work), cores=os.cpu_count(), **{k: v for k, v in vars(args).items()})
+    emit("setup", work=str(work), cores=os.cpu_count(), **vars(args))
     try:
         with kafka(work) as (bootstrap, broker_pid, broker_port):
             common = (args, bootstrap, broker_pid, broker_port)
             if "a" in chosen:
-                scenario("a", *common, runs=1, ranks=args.a_ranks, workers=1, work=work)
+                layout = layout_a(args.a_ranks, args.a_host_ranks)
+                scenario("a", *common, layout=layout, ranks=args.a_ranks, stagger=False, work=work)
             if "b" in chosen:
-                scenario("b", *common, runs=args.b_runs, ranks=args.b_ranks, workers=1, work=work)
-            if "drain" in chosen:  # the drains of scenario c alone, without the fleets
-                for workers in (int(n) for n in args.workers.split(",")):
-                    drain(args, bootstrap, args.b_runs, args.b_ranks, workers, work)
+                layout = layout_b(args.b_runs, args.b_ranks, args.b_hosts)
+                scenario("b", *common, layout=layout, ranks=args.b_ranks, stagger=True, work=work)
             if "c" in chosen:
-                for workers in (int(n) for n in args.workers.split(",")):
-                    if workers > 1:
-                        scenario(
-                            f"c{workers}", *common, runs=args.b_runs, ranks=args.b_ranks,
-                            workers=workers, work=work,
-                        )  # fmt: skip
-                    drain(args, bootstrap, args.b_runs, args.b_ranks, workers, work)
-
+                scenario_c(args, bootstrap, work)
     except BaseException:
         print(f"kept {work}: every process's log is there", file=sys.stderr)
         raise
     if args.keep:
         print(f"kept {work}", file=sys.stderr)
-    else:  # the ranks' write-ahead logs and the broker's data: gigabytes at 1,024 ranks
+    else:  # the ranks' write-ahead logs and the broker's data
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -11,7 +11,9 @@
     100 records a step of ~0.1 s with one torch thread, ~60 ms with two) and a realistic one
     (a step of ~1 s, 20 metrics, 200 records), each with 1 and 2 torch threads: percent
     slower, median step time over interleaved rounds (which of the two loops goes first
-    alternates), with each round's figure so that the noise shows. Targets: under
+    alternates), with each round's figure so that the noise shows; and the CPU time per step
+    rlpulse costs in the training process (its process CPU less the bare loop's) and in the
+    host's agent (the agent process's CPU over the rounds, per step), in ms. Targets: under
     3 % at the seed-like load, under 1 % at the realistic one.
 (c) Draining a backlog of log records (in LogBatch messages, as trainers send them): one
     archiver process against a bare confluent-kafka consumer that only decodes the same
@@ -54,6 +56,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,7 @@ from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.indexer_process import IndexerProcess
 from rlpulse.local.opensearch import local_search_or_url, request_json
 from rlpulse.producers import EventHandler, EventLogger, Settings
+from rlpulse.producers.delivery.agent_place import read_json
 from rlpulse.producers.delivery.wal import LOG, LogMeta, WalWriter
 from rlpulse.producers.encoding.fields import LogFields
 from rlpulse.producers.encoding.logs import LogEncoder, LogSource
@@ -251,6 +255,15 @@ def bench_training_loop(
             events.flush(60)
         return times[2:]
 
+    def timed(run: Callable[[], list[float]], cpu: list[float]) -> list[float]:
+        """``run()``, adding the process CPU seconds it took to ``cpu``."""
+        began = time.process_time()
+        times = run()
+        cpu.append(time.process_time() - began)
+        return times
+
+    agent = running_agent(settings)
+
     for load in loads:
         rows, records, target = LOADS[load]
         data = torch.randn(rows, 512)
@@ -259,12 +272,18 @@ def bench_training_loop(
             bare_times: list[float] = []
             rlpulse_times: list[float] = []
             per_round: list[float] = []
+            bare_cpu: list[float] = []
+            rl_cpu: list[float] = []
+            agent_cpu = 0.0
             for number in range(rounds):
+                agent_before = cpu_seconds(agent)
+                bare = partial(bare_loop, data, records)
+                traced = partial(rlpulse_loop, data, records)
                 if number % 2 == 0:
-                    bare_round, rl_round = bare_loop(data, records), rlpulse_loop(data, records)
+                    bare_round, rl_round = timed(bare, bare_cpu), timed(traced, rl_cpu)
                 else:
-                    rl_round = rlpulse_loop(data, records)
-                    bare_round = bare_loop(data, records)
+                    rl_round, bare_round = timed(traced, rl_cpu), timed(bare, bare_cpu)
+                agent_cpu += cpu_seconds(agent) - agent_before
                 bare_times += bare_round
                 rlpulse_times += rl_round
                 per_round.append(
@@ -273,6 +292,7 @@ def bench_training_loop(
             bare_ms = statistics.median(bare_times) * 1e3
             rl_ms = statistics.median(rlpulse_times) * 1e3
             overhead = (rl_ms / bare_ms - 1) * 100
+            all_steps = rounds * steps  # the CPU figures cover every step, the first two too
             emit(
                 "b_training_loop",
                 load=load,
@@ -284,9 +304,31 @@ def bench_training_loop(
                 rlpulse_step_ms=round(rl_ms, 2),
                 overhead_percent=round(overhead, 2),
                 rounds_overhead_percent=[round(o, 2) for o in per_round],
+                training_process_cpu_ms_per_step=round(
+                    (sum(rl_cpu) - sum(bare_cpu)) * 1e3 / all_steps, 3
+                ),
+                agent_cpu_ms_per_step=round(agent_cpu * 1e3 / all_steps, 3),
                 target=f"< {target:g} %",
                 met=overhead < target,
             )
+
+
+def running_agent(settings: Settings) -> int:
+    """The pid of the host's agent for ``settings``, started (and waited for) by a logger."""
+    with EventLogger(f"bench-{uuid.uuid4().hex[:6]}", settings=settings) as events:
+        events.log({"warm": 1.0}, 0)
+        assert events.flush(60) == 0, "the host's agent sent nothing in 60 s"
+        place = events.agent
+    assert place is not None
+    pid = (read_json(place.info) or {}).get("pid")
+    assert isinstance(pid, int)
+    return pid
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- (c) and (d): backlogs, archivers ------------------------------------------------------

@@ -1,17 +1,18 @@
 """What ``log()`` costs the training loop: rlpulse against wandb offline, broker up and down.
 
 Every scenario logs the same dict of ``--metrics`` float metrics ``--calls`` times in a
-tight loop (the worst case for the background threads both libraries run) and times
-each call with ``perf_counter_ns``. The first call is reported on its own (rlpulse
-starts its producer there) and left out of the percentiles. Scenarios:
+tight loop (the worst case for the background work both libraries do) and times each call
+with ``perf_counter_ns``. The first call is reported on its own (rlpulse makes its
+write-ahead log there and has the host's agent started) and left out of the percentiles.
+The training process holds no Kafka client: ``log()`` appends to the write-ahead log and
+wakes the host's agent, another process, when it sleeps. Scenarios:
 
 - ``rlpulse`` with the broker up (``RLPULSE_BOOTSTRAP``, else a local broker this
-  script starts and stops); the events are checked to be delivered;
-- ``rlpulse`` with the broker down (an unreachable address): events wait in
-  librdkafka's queue;
-- ``rlpulse`` with the broker down and a 0.5 s delivery timeout, timed once the logger
-  is in spool mode: ``log()`` hands events to the delivery thread, which writes them
-  to the spool while the calls are timed;
+  script starts and stops), the host's agent sending; the events are checked to be
+  delivered;
+- ``rlpulse`` with the broker down (an unreachable address): the agent cannot deliver,
+  the events wait in the write-ahead log;
+- ``rlpulse`` with no agent at all (``agent.start: never``): ``log()`` alone;
 - ``wandb`` offline (``wandb.init(mode="offline")``, ``wandb.log(d, step=...)``);
 - the every-50-ms pattern (``--paced-calls`` calls, one every 50 ms, as a training loop
   logs between steps, when caches and branch predictors are cold again): ``rlpulse``
@@ -22,7 +23,8 @@ starts its producer there) and left out of the percentiles. Scenarios:
 
 Prints one JSON object per line, then the ratios and the targets: in the tight loop rlpulse
 p50 at most a 25th of wandb's (stretch: a 50th); every 50 ms, at most a flushed JSON line's;
-and p99 under 1 ms with the broker down.
+and p99 under 1 ms with the broker down. Each scenario's agents are stopped at its end (one
+that cannot deliver would otherwise keep trying).
 
 ``--baseline DIR`` first runs the benchmark of another source tree (an earlier commit
 checked out in DIR: its own copy of this script against its own rlpulse) and prints its
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,6 +54,8 @@ from figures import percentile, printer
 
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.producers import ControlClient, EventLogger, Settings
+from rlpulse.producers.delivery.agent_place import agent_alive, agents_under, read_json
+from rlpulse.producers.delivery.spool_root import resolve_spool_root
 from rlpulse.schemas.topics import Topics
 from rlpulse.transport.topics import ensure_topics
 
@@ -100,20 +105,33 @@ def bench_rlpulse(
     scenario: str, settings: Settings, metrics: dict[str, float], calls: int, every_s: float = 0.0
 ) -> dict[str, float]:
     logger = EventLogger(f"bench-{uuid.uuid4().hex[:8]}", settings=settings)
-    if scenario == "down_spooling":  # wait until the first events timed out: spool mode
+    if settings.agent.start == "auto":  # the agent runs before the calls are timed
         logger.log(metrics, -1, "trainer")
         deadline = time.monotonic() + 30
-        while logger.spooled == 0 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while logger.agent is not None and not agent_alive(logger.agent.lock):
+            assert time.monotonic() < deadline, "the host's agent did not start"
+            time.sleep(0.05)
     figures = timed_calls(lambda step: logger.log(metrics, step, "trainer"), calls, every_s)
     if scenario.startswith("up"):
         logger.flush(60.0)
         figures["delivered"] = logger.delivered
     logger.close(timeout_s=30.0 if scenario.startswith("up") else 0.5)
-    if scenario == "down_spooling":
-        figures["spooled"] = logger.spooled
+    stop_agents(settings)
     emit("rlpulse", broker=scenario, **figures)
     return figures
+
+
+def stop_agents(settings: Settings) -> None:
+    """SIGTERM the agents of ``settings``' spool and wait for them (at most 30 s)."""
+    root = resolve_spool_root(settings).path
+    running = [d for d in agents_under(root) if agent_alive(d / "lock")]
+    for directory in running:
+        pid = (read_json(directory / "agent.json") or {}).get("pid")
+        if isinstance(pid, int):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while any(agent_alive(d / "lock") for d in running) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def bench_json_line(
@@ -218,8 +236,8 @@ def measure(calls: int, metric_count: int, paced_calls: int) -> None:
         paced = bench_rlpulse("up_every_50ms", up, metrics, paced_calls, PACE_S)
     down = Settings(bootstrap=UNREACHABLE).updated({"producer.spool_dir": spool})
     results["down"] = bench_rlpulse("down", down, metrics, calls)
-    spooling = down.updated({"producer.delivery_timeout_s": 0.5})
-    results["down_spooling"] = bench_rlpulse("down_spooling", spooling, metrics, calls)
+    alone = down.updated({"agent.start": "never"})
+    results["no_agent"] = bench_rlpulse("no_agent", alone, metrics, calls)
     wandb_figures = bench_wandb(metrics, calls, work / "wandb")
     if wandb_figures is not None:
         emit("wandb_offline", **wandb_figures)
@@ -248,7 +266,7 @@ def measure(calls: int, metric_count: int, paced_calls: int) -> None:
         target="rlpulse p50 <= a flushed JSON line's p50",
         met=paced["p50_us"] <= line["p50_us"],
     )
-    for scenario in ("down", "down_spooling"):
+    for scenario in ("down", "no_agent"):
         p99 = results[scenario]["p99_us"]
         emit("target_p99_broker_down", broker=scenario, p99_us=p99, target_us=1000, met=p99 < 1000)
 

@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "ENV_PREFIX",
     "OUTSIDE_ENV",
+    "AgentSettings",
     "ArchiveSettings",
     "BrokerSettings",
     "CommandLimits",
@@ -155,15 +156,15 @@ class EventLimits(_Section):
 
 
 class ProducerSettings(_Section):
-    """The trainer side's Kafka producer, write-ahead log (the spool) and control client."""
+    """The trainer side: its write-ahead log, the host agent's producers, the control client."""
 
     linger_ms: int = Field(default=5, ge=0, description="librdkafka's batching delay.")
     batch_linger_ms: int = Field(
         default=250,
         ge=1,
         description=(
-            "How long the sender thread gathers log records into one batch (events go at once, "
-            "with the records gathered so far)."
+            "How long the host's agent gathers a log's records into one batch (events go at "
+            "once, with the records gathered so far)."
         ),
     )
     compression: Compression = Field(default="lz4", description="Compression of event batches.")
@@ -202,11 +203,6 @@ class ProducerSettings(_Section):
         default=None,
         description="The host name events and log records carry; unset: the machine's.",
     )
-    adopt_interval_s: float = Field(
-        default=300.0,
-        gt=0,
-        description="How often a logger looks again for dead producers' logs of its run here.",
-    )
     spool_file_bytes: int = Field(
         default=8 * MIB,
         ge=4096,
@@ -234,6 +230,54 @@ class ProducerSettings(_Section):
             "Every this many seconds each RunLink logs its process's CPU seconds, RSS and (with "
             "pynvml) GPU use as stage 'system'; unset: off."
         ),
+    )
+
+
+class AgentSettings(_Section):
+    """The host's agent: one process per host, user and cluster that sends every rank's log."""
+
+    start: Literal["auto", "never"] = Field(
+        default="auto",
+        description=(
+            "auto: a logger that finds no live agent for its host starts one, detached; "
+            "never: the agent runs by hand, under systemd or as a DaemonSet."
+        ),
+    )
+    idle_exit_s: Seconds = Field(
+        default=600.0,
+        ge=0,
+        description=(
+            "The agent exits after this long with no live writer and nothing unsent "
+            "(it keeps trying while Kafka is out of reach); 0: never (systemd, a DaemonSet)."
+        ),
+    )
+    stop_timeout_s: Seconds = Field(
+        default=20.0,
+        ge=0,
+        description="On SIGTERM the agent sends for at most this long, then exits.",
+    )
+    check_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "How often a rank checks that its agent is alive (and starts one), and the agent "
+            "checks which writers are gone."
+        ),
+    )
+    look_interval_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="A sleeping agent looks at every log this often (wakes make up the rest).",
+    )
+    rescan_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often the agent lists the spool for logs no writer told it of.",
+    )
+    start_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a rank waits for an agent it started to say it runs.",
     )
 
 
@@ -1000,6 +1044,7 @@ class Settings(BaseSettings):
     broker: BrokerSettings = BrokerSettings()
     limits: EventLimits = EventLimits()
     producer: ProducerSettings = ProducerSettings()
+    agent: AgentSettings = AgentSettings()
     worker: WorkerSettings = WorkerSettings()
     exporter: ExporterSettings = ExporterSettings()
     logging: LoggingSettings = LoggingSettings()

@@ -7,8 +7,11 @@ test asking for it), on free ports, the first time a test asks for it.
 from __future__ import annotations
 
 import os
+import signal
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -29,9 +32,70 @@ tested (Kafka's behaviour) is the same. ``RLPULSE_BROKER__JVM_OPTIONS`` set befo
 """
 
 
+AGENT_IDLE_EXIT_S = "1"
+"""How long the host agents the tests' loggers start stay once their writers are gone (the
+default is 10 minutes): :func:`no_agent_left` waits for each to exit by itself."""
+AGENT_EXIT_WAIT_S = 20.0
+
+
 def pytest_configure() -> None:
-    """Every broker a test starts, in this process or a child, compiles with ``QUICK_JIT``."""
+    """Every broker a test starts, in this process or a child, compiles with ``QUICK_JIT``;
+    every host agent exits a second after its last writer."""
     os.environ.setdefault("RLPULSE_BROKER__JVM_OPTIONS", QUICK_JIT)
+    os.environ.setdefault("RLPULSE_AGENT__IDLE_EXIT_S", AGENT_IDLE_EXIT_S)
+
+
+def agents_of(nodeid: str) -> dict[int, str]:
+    """The host agents running that a process of test ``nodeid`` started: pid -> command.
+
+    Every process a test starts inherits ``PYTEST_CURRENT_TEST``, and so do the agents its
+    loggers start, detached as they are.
+    """
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if "delivery.agent_process" not in command and "rlpulse agent" not in command:
+                continue
+            environment = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        tag = b"PYTEST_CURRENT_TEST=" + nodeid.encode() + b" "
+        if any(variable.startswith(tag) for variable in environment):
+            found[int(entry.name)] = command.strip()
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_agent_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The suite leaves no host agent running: each exits by itself once its test's writers
+    are gone (``agent.idle_exit_s``); one still running after that fails the test."""
+    yield
+    nodeid = request.node.nodeid
+    deadline = time.monotonic() + AGENT_EXIT_WAIT_S
+    left = agents_of(nodeid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = agents_of(nodeid)
+    said = {pid: _log_tail(pid) for pid in left}
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    if left:
+        pytest.fail(
+            f"host agents still ran {AGENT_EXIT_WAIT_S:g} s after the test (a logger left "
+            f"open keeps its agent; so do records it cannot send): {left}; their logs end: "
+            f"{said}"
+        )
+
+
+def _log_tail(pid: int) -> list[str]:
+    """The last lines of what a detached agent logs (its stderr is its log file)."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/fd/2")).read_text().splitlines()[-5:]
+    except OSError:
+        return []
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

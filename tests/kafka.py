@@ -48,3 +48,25 @@ def read_all(
     finally:
         consumer.close()
     return messages
+
+
+def stop_agents(spool: Path, timeout_s: float = 30.0) -> None:
+    """SIGTERM the host agents kept under ``spool`` that run, and wait until they exited.
+
+    An agent keeps trying while it has records it could not send (a missing topic, Kafka
+    out of reach): a test that leaves it so ends it.
+    """
+    import os
+    import signal
+
+    from rlpulse.producers.delivery.agent_place import agent_alive, agents_under, read_json
+
+    running = [d for d in agents_under(spool) if agent_alive(d / "lock")]
+    for directory in running:
+        pid = (read_json(directory / "agent.json") or {}).get("pid")
+        if isinstance(pid, int):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while any(agent_alive(d / "lock") for d in running):
+        assert time.monotonic() < deadline, f"agents under {spool} did not stop"
+        time.sleep(0.1)

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from rlpulse import __version__
+from rlpulse.cli.agent import agent
 from rlpulse.cli.aggregate import aggregate
 from rlpulse.cli.archive import archive_app
 from rlpulse.cli.audit import audit
@@ -70,6 +71,7 @@ app.add_typer(config_app, name="config")
 app.command("worker")(worker)
 app.command("exporter")(exporter)
 app.command("demo")(demo)
+app.command("agent")(agent)
 app.command("replay")(replay)
 app.add_typer(spool_app, name="spool")
 app.command("aggregate")(aggregate)

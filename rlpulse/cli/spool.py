@@ -30,7 +30,7 @@ from rlpulse.cli.common import (
 )
 from rlpulse.cli.replay import print_report
 from rlpulse.producers.delivery.spool import (
-    DEAD,
+    AgentSeen,
     SpoolListing,
     SpoolLog,
     host_name,
@@ -41,7 +41,7 @@ from rlpulse.producers.delivery.spool_root import resolve_spool_root
 from rlpulse.settings import Settings
 
 spool_app = typer.Typer(
-    help="What trainer processes left on this host in their write-ahead logs: list it, send it.",
+    help="This host's write-ahead logs and the agents that send them; send the rest.",
     no_args_is_help=True,
 )
 
@@ -88,15 +88,18 @@ def spool_list(
     run: Run = None,
     host: Host = None,
     spool_dir: SpoolDir = None,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object per log.")] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="One JSON object per log, then one per agent.")
+    ] = False,
     config: ConfigFile = None,
 ) -> None:
-    """List the logs this host's trainer processes left, per run and producer.
+    """List this host's write-ahead logs, per run and producer, and the agents that send them.
 
-    Each log's process (pid, alive or gone), whether a process holds the log (live: its own
-    process sends it; adopted: another process of the run, or a replay, is sending it; dead:
-    nobody, `rlpulse spool send` sends it), the events and text records Kafka has not
-    acknowledged, the disk the log takes, and its age.
+    Each log's writer (pid; live while it holds the log, else dead), the process that sends
+    it (the host's agent; none: `rlpulse spool send` sends it), the events and text records
+    Kafka has not acknowledged, the disk the log takes, and its age. Then each agent kept
+    under the spool root: its pid, whether it runs, the cluster and prefix it serves, how many
+    logs it sends and its trouble.
     """
     chosen = _chosen(config, spool_dir)
     listing = list_spool(_root(chosen, spool_dir), host or host_name(chosen), run_id=run)
@@ -104,6 +107,8 @@ def spool_list(
     if json_output:
         for spooled in listing.logs:
             typer.echo(json.dumps(_document(spooled, now_ns)))
+        for agent in listing.agents:
+            typer.echo(json.dumps(_agent_document(agent)))
         return
     if not listing.logs:
         out.print(_nothing(listing, run), highlight=False, soft_wrap=True)
@@ -117,6 +122,8 @@ def spool_list(
             highlight=False,
             soft_wrap=True,
         )
+    for agent in listing.agents:
+        out.print(_agent_line(agent), highlight=False, soft_wrap=True)
 
 
 @spool_app.command("send")
@@ -131,27 +138,29 @@ def spool_send(
     ] = 60.0,
     config: ConfigFile = None,
 ) -> None:
-    """Send what the dead logs of `rlpulse spool list` hold, as `rlpulse replay` does.
+    """Send what the logs of `rlpulse spool list` that no process sends hold.
 
-    Logs a live process holds are left to it. What is already on the topics is read back and
-    not sent again, so every record arrives once however often this runs. A log sent whole is
-    deleted; each log that is not is named with its cause and kept. Exits 0 when every record
-    was sent (or nothing waited), 1 when some were not or ``--run`` names a run with no log
-    here.
+    For logs no agent serves (none could start, or it exited before Kafka came back). Logs
+    the host's agent sends are left to it. What is already on the topics is read back and not
+    sent again, so every record arrives once however often this runs. A dead writer's log sent
+    whole is deleted; each log that is not is named with its cause and kept. Exits 0 when
+    every record was sent (or nothing waited), 1 when some were not or ``--run`` names a run
+    with no log here.
     """
     chosen = _chosen(config, spool_dir, bootstrap)
     root = _root(chosen, spool_dir)
     host = host or host_name(chosen)
     listing = list_spool(root, host, run_id=run)
-    if not listing.dead:
+    if not listing.unsent:
         if run is not None and not listing.logs:
             raise fail(f"{_nothing(listing, run)}: nothing sent")
         held = listing.held
+        senders = ", ".join(sorted({str(spooled.sender) for spooled in held}))
         message = (
             f"{_nothing(listing, run)}: nothing sent"
             if not held
-            else f"{len(held)} log(s) under {root} for host {host} are held by a live process, "
-            "which sends them: nothing sent from here"
+            else f"{len(held)} log(s) under {root} for host {host} are sent by the host's agent "
+            f"(pid {senders}): nothing sent from here"
         )
         out.print(message, highlight=False, soft_wrap=True)
         return
@@ -161,7 +170,7 @@ def spool_send(
 
 def _table(listing: SpoolListing, now_ns: int) -> Table:
     table = Table(box=None, pad_edge=False)
-    for name in ("run", "producer", "host", "pid", "log"):
+    for name in ("run", "producer", "host", "writer", "sent by"):
         table.add_column(name, overflow="fold")
     for name in ("events", "records", "disk", "age"):
         table.add_column(name, justify="right", no_wrap=True)
@@ -171,8 +180,8 @@ def _table(listing: SpoolListing, now_ns: int) -> Table:
                 spooled.run_id,
                 spooled.producer_id,
                 spooled.host or "?",
-                _process(spooled),
-                spooled.state,
+                _writer(spooled),
+                "-" if spooled.sender is None else f"pid {spooled.sender}",
                 str(spooled.events),
                 str(spooled.records),
                 ByteSize(spooled.disk_bytes).human_readable(),
@@ -183,7 +192,7 @@ def _table(listing: SpoolListing, now_ns: int) -> Table:
 
 
 def _summary(listing: SpoolListing) -> None:
-    logs, dead = listing.logs, listing.dead
+    logs, unsent = listing.logs, listing.unsent
     out.print(
         f"{len(logs)} log(s) of {len(listing.runs)} run(s) under {listing.root} for host "
         f"{listing.host}: {sum(s.events for s in logs)} event(s) and "
@@ -191,26 +200,45 @@ def _summary(listing: SpoolListing) -> None:
         highlight=False,
         soft_wrap=True,
     )
-    if dead:
+    if unsent:
         out.print(
-            f"{len(dead)} dead log(s) ({sum(s.waiting for s in dead)} record(s)): "
+            f"{len(unsent)} log(s) no agent sends ({sum(s.waiting for s in unsent)} record(s)): "
             "`rlpulse spool send` sends them",
             highlight=False,
             soft_wrap=True,
         )
     if listing.held:
         out.print(
-            f"{len(listing.held)} log(s) held by a live process, which sends them: "
-            "never sent from here",
+            f"{len(listing.held)} log(s) sent by the host's agent: never sent from here",
             highlight=False,
             soft_wrap=True,
         )
 
 
-def _process(spooled: SpoolLog) -> str:
-    if spooled.pid is None:
-        return "?"
-    return f"{spooled.pid} ({'alive' if spooled.pid_alive else 'gone'})"
+def _writer(spooled: SpoolLog) -> str:
+    pid = "?" if spooled.pid is None else str(spooled.pid)
+    return f"{pid} ({spooled.state})"
+
+
+def _agent_line(agent: AgentSeen) -> str:
+    serves = f"{agent.bootstrap or '?'} (prefix {agent.prefix or '?'}) on {agent.host or '?'}"
+    if not agent.alive:
+        return f"agent {agent.directory}: not running (last pid {agent.pid}); served {serves}"
+    trouble = f"; trouble: {agent.problem}" if agent.problem else ""
+    return f"agent pid {agent.pid} runs: sends {agent.logs} log(s) to {serves}{trouble}"
+
+
+def _agent_document(agent: AgentSeen) -> dict[str, object]:
+    return {
+        "agent": str(agent.directory),
+        "alive": agent.alive,
+        "pid": agent.pid,
+        "host": agent.host,
+        "bootstrap": agent.bootstrap,
+        "prefix": agent.prefix,
+        "logs": agent.logs,
+        "problem": agent.problem,
+    }
 
 
 def _age(seconds: float | None) -> str:
@@ -233,13 +261,13 @@ def _document(spooled: SpoolLog, now_ns: int) -> dict[str, object]:
         "producer_id": spooled.producer_id,
         "host": spooled.host,
         "pid": spooled.pid,
-        "pid_alive": spooled.pid_alive,
         "state": spooled.state,
+        "sender": spooled.sender,
         "events": spooled.events,
         "records": spooled.records,
         "disk_bytes": spooled.disk_bytes,
         "created_ns": spooled.created_ns,
         "age_s": spooled.age_s(now_ns),
-        "sent_by_spool_send": spooled.state == DEAD,
+        "sent_by_spool_send": spooled.sender is None,
         "path": str(spooled.path),
     }

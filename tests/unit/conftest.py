@@ -1,4 +1,4 @@
-"""Unit tests never touch the machine's rlpulse home: each gets its own."""
+"""Unit tests never touch the machine's rlpulse home: each gets its own; and start no agent."""
 
 from __future__ import annotations
 
@@ -14,3 +14,10 @@ def rlpulse_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RLPULSE_HOME", str(home))
     monkeypatch.delenv("RLPULSE_BROKER__JVM_OPTIONS", raising=False)  # tests/conftest.py's
     return home
+
+
+@pytest.fixture(autouse=True)
+def no_agent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No broker runs for a unit test: its loggers' records wait in their write-ahead logs,
+    and no host agent is started (one that cannot deliver would keep trying)."""
+    monkeypatch.setenv("RLPULSE_AGENT__START", "never")

@@ -29,13 +29,16 @@ from rlpulse.producers import (
 )
 from rlpulse.producers.delivery.wal import LogMeta, unsent_frames
 from rlpulse.schemas.records import ControlCommand
+from rlpulse.settings import AgentSettings
 from rlpulse.transport import clients as clients_module
+from rlpulse.transport.clients import trainer_producer
 from rlpulse.transport.exceptions import ClientConfigError
 
 
 def unreachable() -> Settings:
-    """Settings for a broker that is not there (built per test: the home is the test's own)."""
-    return Settings(bootstrap="127.0.0.1:1", prefix="unit")
+    """Settings for a broker that is not there and a host whose agent runs only by hand (built
+    per test: the home is the test's own): the records wait in the write-ahead log."""
+    return Settings(bootstrap="127.0.0.1:1", prefix="unit", agent=AgentSettings(start="never"))
 
 
 def a_command(run_id: str = "run-a") -> ControlCommand:
@@ -56,11 +59,26 @@ def a_command(run_id: str = "run-a") -> ControlCommand:
     }
 
 
-def test_librdkafka_refusing_a_property_raises_a_config_error() -> None:
-    settings = Settings(bootstrap="127.0.0.1:1", librdkafka={"no.such.property": 1})
+def test_a_property_librdkafka_refuses_is_one_line_in_the_rank_s_log_and_logging_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The training process builds no Kafka client: the agent it starts refuses the property,
+    before it forks, and the rank says why once; its records wait in the write-ahead log."""
+    caplog.set_level(logging.WARNING, logger="rlpulse.producers")
+    settings = Settings(
+        bootstrap="127.0.0.1:1",
+        librdkafka={"no.such.property": 1},
+        agent=AgentSettings(start="auto"),
+    )
     logger = EventLogger("run-a", settings=settings)
-    with pytest.raises(ClientConfigError, match=r"no\.such\.property"):
-        logger.log({"loss": 1.0}, step=0)
+    logger.log({"loss": 1.0}, step=0)
+    assert logger._watch is not None and logger._watch.wait_checked(30)
+    logger.log({"loss": 0.5}, step=1)
+    assert logger.close(timeout_s=0) == 2
+    said = [r.getMessage() for r in caplog.records if "no agent could be started" in r.getMessage()]
+    assert len(said) == 1 and "no.such.property" in said[0], said
+    with pytest.raises(ClientConfigError, match=r"no\.such\.property"):  # as the agent found
+        trainer_producer(settings, "a check")
 
 
 def _no_client(*_args: Any, **_kwargs: Any) -> NoReturn:
@@ -82,32 +100,19 @@ def test_constructors_do_no_network_io(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_log_with_unreachable_broker_keeps_every_event_in_the_write_ahead_log() -> None:
-    """log() appends each event to the write-ahead log and returns: with no broker, all 200
-    wait there, none delivered; close() leaves them in the log for the next process or
-    ``rlpulse replay``. How long a call takes is measured in benchmarks/producer_overhead.py
-    (broker down: p50/p99 in microseconds)."""
+    """log() appends each event to the write-ahead log and returns: with no agent and no
+    broker, all 200 wait there, none delivered; close() leaves them in the log for the host's
+    agent or ``rlpulse spool send``. How long a call takes is measured in
+    benchmarks/producer_overhead.py (p50/p99 in microseconds)."""
     logger = EventLogger("run-a", settings=unreachable())
     for step in range(200):
         logger.log({"loss": 1.0 / (step + 1), "tokens": step}, step=step)
     assert (logger.logged, logger.delivered, logger.pending) == (200, 0, 200)
     assert logger.close(timeout_s=0.1) == 200
-    assert (logger.dropped, logger.pending) == (0, 0)
+    assert (logger.dropped, logger.pending) == (0, 200)
     assert unsent_frames(logger.wal_dir) == 200
     meta = LogMeta.read(logger.wal_dir)
     assert meta is not None and (meta.run_id, meta.producer_id) == ("run-a", logger.producer_id)
-
-
-def test_a_full_local_queue_loses_nothing() -> None:
-    """librdkafka's queue holds 5 messages: the sender sends what fits and leaves the rest in
-    the write-ahead log, in order, without a drop."""
-    settings = Settings(bootstrap="127.0.0.1:1", librdkafka={"queue.buffering.max.messages": 5})
-    with EventLogger("run-a", settings=settings) as logger:
-        for step in range(20):
-            logger.log({"loss": 1.0}, step=step)
-        assert logger.logged == 20
-        assert logger.close(timeout_s=0.1) == 20
-        assert logger.dropped == 0
-    assert unsent_frames(logger.wal_dir) == 20
 
 
 def test_a_full_write_ahead_log_drops_the_newest_counts_and_warns_once(

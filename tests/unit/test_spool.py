@@ -1,9 +1,10 @@
 """``rlpulse spool list``: the write-ahead logs real loggers left, without a broker.
 
-Each log here was written by an :class:`EventLogger` whose broker is not there, so nothing
-is ever acknowledged: a child process that logs and waits (live), the same child SIGKILLed
-(dead), a logger of this process that closed with its records unsent (dead, its process
-alive), and a logger that says it runs on another host (not listed).
+Each log here was written by an :class:`EventLogger` whose broker is not there and whose host
+runs no agent (``agent.start: never``), so nothing is ever acknowledged: a child process that
+logs and waits (live), the same child SIGKILLed (dead), a logger of this process that closed
+with its records unsent (dead, its process alive), and a logger that says it runs on another
+host (not listed).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typer.testing import CliRunner
 from rlpulse.cli import app
 from rlpulse.producers import EventLogger, Settings
 from rlpulse.producers.delivery.spool import (
-    ADOPTED,
     DEAD,
     LIVE,
     SpoolLog,
@@ -30,8 +30,8 @@ from rlpulse.producers.delivery.spool import (
     list_spool,
     send_spool,
 )
-from rlpulse.producers.delivery.wal import LogMeta, WalClaim
-from rlpulse.settings import ProducerSettings
+from rlpulse.producers.delivery.wal import SHIP_LOCK_NAME, LogMeta, WalClaim
+from rlpulse.settings import AgentSettings, ProducerSettings
 
 UNREACHABLE = "127.0.0.1:1"
 
@@ -41,7 +41,10 @@ from pathlib import Path
 from rlpulse.producers import EventLogger, Settings
 
 spool, run_id, events, records = sys.argv[1:5]
-settings = Settings(bootstrap="127.0.0.1:1", prefix="unit", producer={"spool_dir": Path(spool)})
+settings = Settings(
+    bootstrap="127.0.0.1:1", prefix="unit", producer={"spool_dir": Path(spool)},
+    agent={"start": "never"},
+)
 logger = EventLogger(run_id, settings=settings)
 for step in range(int(events)):
     logger.log({"loss": step / 10}, step)
@@ -54,7 +57,8 @@ time.sleep(600)
 
 def unreachable(spool: Path, hostname: str | None = None) -> Settings:
     producer = ProducerSettings(spool_dir=spool, close_timeout_s=0.1, hostname=hostname)
-    return Settings(bootstrap=UNREACHABLE, prefix="unit", producer=producer)
+    agent = AgentSettings(start="never")
+    return Settings(bootstrap=UNREACHABLE, prefix="unit", producer=producer, agent=agent)
 
 
 @pytest.fixture
@@ -101,17 +105,17 @@ def test_a_live_producer_is_listed_live_and_the_same_one_killed_dead(
     child, producer_id = writer
     host = host_name(unreachable(spool))
     live = only(list_spool(spool, host).logs, producer_id)
-    assert (live.run_id, live.host, live.pid, live.pid_alive) == ("run-a", host, child.pid, True)
+    assert (live.run_id, live.host, live.pid, live.sender) == ("run-a", host, child.pid, None)
     assert (live.state, live.events, live.records) == (LIVE, 7, 30)
     assert live.disk_bytes >= Settings().producer.spool_file_bytes  # a segment, reserved whole
     child.send_signal(signal.SIGKILL)
     child.wait()
     listing = list_spool(spool, host)
     dead = only(listing.logs, producer_id)
-    assert (dead.state, dead.pid, dead.pid_alive, dead.events, dead.records) == (
-        DEAD, child.pid, False, 7, 30,
+    assert (dead.state, dead.pid, dead.sender, dead.events, dead.records) == (
+        DEAD, child.pid, None, 7, 30,
     )  # fmt: skip
-    assert listing.dead == (dead,) and listing.held == ()
+    assert listing.unsent == (dead,) and listing.held == ()
     assert dead.created_ns is not None and dead.age_s(dead.created_ns + 2 * 10**9) == 2.0
 
 
@@ -119,25 +123,25 @@ def test_a_closed_logger_s_unsent_log_is_dead_and_its_process_alive(spool: Path)
     logger = closed_unsent(spool, "run-b")
     listing = list_spool(spool, logger.hostname)
     spooled = only(listing.logs, logger.producer_id)
-    assert (spooled.state, spooled.pid, spooled.pid_alive) == (DEAD, os.getpid(), True)
+    assert (spooled.state, spooled.pid, spooled.sender) == (DEAD, os.getpid(), None)
     assert (spooled.events, spooled.records, spooled.path) == (3, 2, logger.wal_dir)
 
 
-def test_a_log_held_by_another_process_than_its_own_is_adopted(
+def test_a_log_a_sender_holds_is_listed_with_the_sender_s_pid(
     spool: Path, writer: tuple[subprocess.Popen[str], str]
 ) -> None:
-    child, producer_id = writer
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    _child, producer_id = writer
     host = host_name(unreachable(spool))
     [directory] = [s.path for s in list_spool(spool, host).logs]
-    claim = WalClaim.take(directory)  # as an adopting logger or a replay holds it
+    claim = WalClaim.take(directory, SHIP_LOCK_NAME)  # as the host's agent holds it
     assert claim is not None
     try:
-        assert only(list_spool(spool, host).logs, producer_id).state == ADOPTED
+        listing = list_spool(spool, host)
+        assert only(listing.logs, producer_id).sender == os.getpid()
+        assert listing.unsent == () and len(listing.held) == 1
     finally:
         claim.release()
-    assert only(list_spool(spool, host).logs, producer_id).state == DEAD
+    assert only(list_spool(spool, host).logs, producer_id).sender is None
 
 
 def test_runs_are_listed_apart_and_other_hosts_logs_only_counted(spool: Path) -> None:
@@ -186,9 +190,12 @@ def test_spool_list_prints_every_log_and_what_send_would_send(
         app, ["spool", "list", "--spool-dir", str(spool), "--json"], env=env
     )
     assert listed.exit_code == 0, listed.output
-    rows = {row["producer_id"]: row for row in map(json.loads, listed.stdout.splitlines())}
+    documents = [json.loads(line) for line in listed.stdout.splitlines()]
+    rows = {row["producer_id"]: row for row in documents if "producer_id" in row}
+    [agent] = [row for row in documents if "agent" in row]
+    assert (agent["alive"], agent["prefix"], agent["logs"]) == (False, "unit", 0)
     assert set(rows) == {live_id, dead.producer_id}
-    assert (rows[live_id]["state"], rows[live_id]["sent_by_spool_send"]) == (LIVE, False)
+    assert (rows[live_id]["state"], rows[live_id]["sent_by_spool_send"]) == (LIVE, True)
     assert (rows[dead.producer_id]["events"], rows[dead.producer_id]["records"]) == (3, 2)
     assert rows[dead.producer_id]["sent_by_spool_send"] is True
     table = CliRunner().invoke(app, ["spool", "list", "--spool-dir", str(spool)], env=env)
@@ -196,8 +203,7 @@ def test_spool_list_prints_every_log_and_what_send_would_send(
     text = " ".join(table.stdout.split())
     assert "2 log(s) of 2 run(s)" in text
     assert "10 event(s) and 32 record(s) not acknowledged by Kafka" in text
-    assert "1 dead log(s) (5 record(s)): `rlpulse spool send` sends them" in text
-    assert "1 log(s) held by a live process" in text
+    assert "2 log(s) no agent sends (42 record(s)): `rlpulse spool send` sends them" in text
     assert "run-a" in text and "run-f" in text and "live" in text and "dead" in text
     (spool / "empty").mkdir()
     empty = CliRunner().invoke(app, ["spool", "list", "--spool-dir", str(spool / "empty")], env=env)

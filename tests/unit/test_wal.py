@@ -1,26 +1,25 @@
-"""The write-ahead log: frames read back in order, a cut frame ends it, claims are exclusive."""
+"""The write-ahead log: frames read back in order from another process's view, a cut frame ends
+it, the writer sees its sender delete segments, claims are exclusive."""
 
 from __future__ import annotations
 
+import os
+import struct
 import subprocess
 import sys
 import time
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpulse.producers.delivery.adoption import (
-    DeadLog,
-    PassedLog,
-    claim_dead_logs,
-    look_for_dead_logs,
-)
-from rlpulse.producers.delivery.shipper import LogShipper
 from rlpulse.producers.delivery.wal import (
     EVENT,
     HEADER,
     LOG,
+    SHIP_LOCK_NAME,
     AckFile,
     AckState,
     LogMeta,
@@ -29,23 +28,27 @@ from rlpulse.producers.delivery.wal import (
     WalWriter,
     logs_under,
     position,
-    read_source,
     segment_of,
     segments,
+    sender_pid,
     unsent_frames,
 )
-from rlpulse.producers.encoding.logs import batch_body
 
 
-def a_writer(directory: Path, segment_bytes: int = 4096, max_bytes: int = 1 << 20) -> WalWriter:
+def a_writer(
+    directory: Path,
+    segment_bytes: int = 4096,
+    max_bytes: int = 1 << 20,
+    on_first_segment: Callable[[], None] | None = None,
+) -> WalWriter:
     meta = LogMeta(directory, "run-a", "p-1", "t.events", "t.logs", time.time_ns())
-    return WalWriter(meta, segment_bytes=segment_bytes, max_bytes=max_bytes)
+    return WalWriter(meta, segment_bytes, max_bytes, on_first_segment)
 
 
-def read_all(directory: Path, start: int = 0, end: int | None = None) -> list[tuple[int, bytes]]:
+def read_all(directory: Path, start: int = 0) -> list[tuple[int, bytes]]:
     reader = WalReader(directory)
     try:
-        return [(frame.seq, frame.payload) for frame in reader.frames(start, end)]
+        return [(frame.seq, frame.payload) for frame in reader.frames(start)]
     finally:
         reader.close()
 
@@ -61,22 +64,26 @@ def test_frames_read_back_in_order_across_segments(payloads: list[bytes]) -> Non
         for seq, payload in enumerate(payloads):
             assert writer.append(EVENT if seq % 3 == 0 else LOG, seq, payload)
         expected = list(enumerate(payloads))
-        assert read_all(directory, 0, writer.end) == expected  # a live writer's reader
-        assert read_all(directory) == expected  # a dead writer's log, read to its end
+        assert read_all(directory) == expected  # the writer alive
         writer.close()
+        assert read_all(directory) == expected  # and gone
 
 
 def test_nothing_touches_the_disk_before_the_first_frame(tmp_path: Path) -> None:
-    writer = a_writer(tmp_path / "log")
+    """The agent is told of the log once, when its first segment exists (meta.json first)."""
+    told: list[list[str]] = []
+    writer = a_writer(
+        tmp_path / "log",
+        segment_bytes=4096,
+        on_first_segment=lambda: told.append(sorted(p.name for p in (tmp_path / "log").iterdir())),
+    )
     assert not (tmp_path / "log").exists()
-    writer.append(EVENT, 0, b"x")
-    assert sorted(p.name for p in (tmp_path / "log").iterdir()) == [
-        "000001.wal",
-        "lock",
-        "meta.json",
-    ]
+    for seq in range(10):
+        writer.append(EVENT, seq, b"x" * 1000)  # three segments
+    assert told == [["000001.wal", "lock", "meta.json"]]
     meta = LogMeta.read(tmp_path / "log")
     assert meta is not None and meta.producer_id == "p-1"
+    writer.close()
 
 
 def test_a_cut_or_corrupt_frame_ends_the_log(tmp_path: Path) -> None:
@@ -93,36 +100,74 @@ def test_a_cut_or_corrupt_frame_ends_the_log(tmp_path: Path) -> None:
     assert [seq for seq, _ in read_all(directory)] == [0]
 
 
-def test_the_log_stops_at_max_bytes_and_deleted_segments_are_skipped(tmp_path: Path) -> None:
+def test_the_log_stops_at_max_bytes_and_sees_its_sender_delete_segments(tmp_path: Path) -> None:
+    """The writer counts segments it made; before it calls itself full it lists the disk,
+    where the agent (another process) deleted what was delivered."""
     directory = tmp_path / "log"
     writer = a_writer(directory, segment_bytes=4096, max_bytes=2 * 4096)
     written = 0
     while writer.append(EVENT, written, b"e" * 1000):
         written += 1
     assert written == 8 and writer.live == {1, 2}  # 4 frames of 1,013 bytes a segment
-    writer.remove(1)
-    assert segments(directory) == [2]
+    (directory / "000001.wal").unlink()  # as the agent does once all of it arrived
     assert [seq for seq, _ in read_all(directory)] == [4, 5, 6, 7]
     assert writer.append(EVENT, 8, b"e" * 1000)  # room again: a third segment
-    assert segment_of(writer.end) == 3
+    assert segment_of(writer.end) == 3 and segments(directory) == [2, 3]
+    writer.close()
+
+
+def test_a_frame_finished_after_the_reader_stopped_is_read_when_the_next_segment_exists(
+    tmp_path: Path,
+) -> None:
+    """The reader stops at a frame being written; once the writer made the next segment, the
+    tail is read again before the reader moves on: no frame is skipped."""
+    directory = tmp_path / "log"
+    writer = a_writer(directory, segment_bytes=4096)
+    for seq in range(3):
+        writer.append(EVENT, seq, b"e" * 1000)
+    data = writer._map
+    assert data is not None
+    third = 2 * (HEADER.size + 1000)
+    header = bytes(data[third : third + HEADER.size])
+    data[third : third + HEADER.size] = b"\x00" * HEADER.size  # its header not written yet
+    reader = WalReader(directory)
+    first = list(reader.frames(0))
+    assert [frame.seq for frame in first] == [0, 1]
+    data[third : third + HEADER.size] = header  # the writer finishes it ...
+    writer.append(EVENT, 3, b"e" * 1000)
+    writer.append(EVENT, 4, b"e" * 3000)  # ... and the next frame starts segment 2
+    assert [frame.seq for frame in reader.frames(first[-1].end)] == [2, 3, 4]
+    reader.close()
+    writer.close()
 
 
 def test_the_acked_file_survives_a_spoiled_slot(tmp_path: Path) -> None:
     directory = tmp_path / "log"
     directory.mkdir()
     acks = AckFile(directory)
-    acks.write(AckState(position(1, 100), 7, (2, 40), (-1, -1)))
-    acks.write(AckState(position(1, 200), 7, (2, 41), (2, 9)))
+    acks.write(AckState(position(1, 100), 7, (2, 40), (-1, -1), 3, 3))
+    acks.write(AckState(position(1, 200), 7, (2, 41), (2, 9), 5, 4, 0, 0, 1))
     acks.close()
-    assert AckFile.read(directory) == AckState(position(1, 200), 7, (2, 41), (2, 9))
+    assert AckFile.read(directory) == AckState(position(1, 200), 7, (2, 41), (2, 9), 5, 4, 0, 0, 1)
     data = bytearray((directory / "acked").read_bytes())
     data[0:8] = b"\x00" * 8  # the slot of the second write (generation 2), cut by a kill
     (directory / "acked").write_bytes(bytes(data))
-    assert AckFile.read(directory) == AckState(position(1, 100), 7, (2, 40), (-1, -1))
+    assert AckFile.read(directory) == AckState(position(1, 100), 7, (2, 40), (-1, -1), 3, 3)
     again = AckFile(directory)  # a recovering process goes on from the newest generation
     again.write(AckState(position(1, 300), 0, (2, 42), (2, 9)))
     again.close()
     assert AckFile.read(directory) == AckState(position(1, 300), 7, (2, 42), (2, 9))
+
+
+def test_an_acked_file_of_the_earlier_release_is_read(tmp_path: Path) -> None:
+    """64-byte slots without counts (the release whose trainers sent their own logs)."""
+    layout = struct.Struct("<4sIqqiqiqI")
+    slot = layout.pack(b"RPWA", 3, position(2, 50), 9, 1, 17, 1, 4, 0)
+    slot = slot[:-4] + zlib.crc32(slot[:-4]).to_bytes(4, "little")
+    directory = tmp_path / "log"
+    directory.mkdir()
+    (directory / "acked").write_bytes(b"\x00" * 64 + slot.ljust(64, b"\x00"))
+    assert AckFile.read(directory) == AckState(position(2, 50), 9, (1, 17), (1, 4))
 
 
 def test_unsent_frames_count_from_the_acknowledged_position(tmp_path: Path) -> None:
@@ -155,6 +200,18 @@ def test_a_claim_is_held_until_its_process_dies(tmp_path: Path) -> None:
     assert logs_under(tmp_path / "run") == [directory, tmp_path / "run" / "p-2"]
     claim.release(delete=True)
     assert not (tmp_path / "run" / "p-2").exists()
+    writer.close()
+
+
+def test_a_sender_s_claim_says_its_pid_and_is_apart_from_the_writer_s(tmp_path: Path) -> None:
+    directory = tmp_path / "log"
+    writer = a_writer(directory)
+    writer.append(EVENT, 0, b"x")
+    sending = WalClaim.take(directory, SHIP_LOCK_NAME)
+    assert sending is not None and sender_pid(directory) == os.getpid()
+    assert WalClaim.take(directory, SHIP_LOCK_NAME) is None  # one sender per log
+    sending.release()
+    writer.close()
 
 
 HOLD = """
@@ -168,56 +225,3 @@ writer.append(1, 0, b"x")
 print("held", flush=True)
 time.sleep(60)
 """
-
-
-class RecordingProducer:
-    """Takes every message; delivers none (what a shipper hands to librdkafka)."""
-
-    def __init__(self) -> None:
-        self.values: list[bytes] = []
-
-    def produce(self, topic: str, value: bytes, key: bytes, **kwargs: object) -> None:
-        self.values.append(value)
-
-
-def test_a_live_log_builds_its_batches_from_the_head_it_wrote_not_the_file(tmp_path: Path) -> None:
-    writer = a_writer(tmp_path / "log")
-    writer.write_source(b"HEAD")
-    assert writer.source == b"HEAD" == read_source(tmp_path / "log")  # for whoever comes next
-    writer.append(LOG, 0, b"entry")
-    (tmp_path / "log" / "source").unlink()  # this process does not read it back
-    shipper = LogShipper(writer.meta, lambda: None, batch_max_bytes=1 << 20, writer=writer)  # type: ignore[arg-type,return-value]
-    producer = RecordingProducer()
-    shipper.step(producer)  # type: ignore[arg-type]
-    assert producer.values == [b"HEAD" + batch_body([b"entry"])]
-    shipper.close(delete=False)
-    writer.close()
-
-
-def test_one_look_claims_the_dead_logs_and_says_why_it_passed_the_others(tmp_path: Path) -> None:
-    """What a logger's adoption and ``rlpulse replay`` both go through: look_for_dead_logs."""
-    run = tmp_path / "run"
-    writers = {}
-    hosts = {"dead": "node-1", "elsewhere": "node-2", "live": "node-1", "bare": "node-1"}
-    for name, host in hosts.items():
-        meta = LogMeta(run / name, "run-a", name, "t.events", "t.logs", time.time_ns(), host)
-        writers[name] = writer = WalWriter(meta, segment_bytes=4096, max_bytes=1 << 20)
-        writer.append(EVENT, 0, b"x")
-    (run / "bare" / "meta.json").unlink()
-    for name in ("dead", "elsewhere", "bare"):  # their processes are gone
-        claim = writers[name].claim
-        assert claim is not None
-        writers[name].close()
-        claim.release()
-    found = list(look_for_dead_logs(logs_under(run), "node-1"))
-    claimed = [item for item in found if isinstance(item, DeadLog)]
-    passed = [(item.path.name, item.reason) for item in found if isinstance(item, PassedLog)]
-    assert [dead.meta.producer_id for dead in claimed] == ["dead"]
-    assert passed == [("bare", "no meta"), ("elsewhere", "other host"), ("live", "held")]
-    assert list(claim_dead_logs(run, "node-1")) == []  # "dead" is claimed by the look above
-    claimed[0].claim.release()
-    assert list(claim_dead_logs(run, "node-1", skip={run / "dead"})) == []
-    [again] = claim_dead_logs(run, "node-1")
-    assert again.meta.producer_id == "dead"
-    again.claim.release()
-    writers["live"].close()

@@ -5,7 +5,7 @@ record is in the write-ahead log (:mod:`rlpulse.producers.delivery`) and ``log()
 
 - :mod:`~rlpulse.producers.caller.link`: ``RunLink``, events out and commands in, per process;
 - :mod:`~rlpulse.producers.caller.logger`: ``EventLogger``, which checks, numbers, encodes and
-  appends each record and starts the sender and the adoption of dead producers' logs;
+  appends each record and wakes the host's agent (one is started if none runs);
 - :mod:`~rlpulse.producers.caller.logging_handler`: ``EventHandler``, ``logging`` records to events
   and text log records;
 - :mod:`~rlpulse.producers.caller.sampling`: ``SamplingFilter``, a share of DEBUG and INFO records;

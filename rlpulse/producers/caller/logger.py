@@ -1,9 +1,10 @@
 """The run-scoped event logger: TrainerEvents to ``<prefix>.events``, log records to ``.logs``.
 
-Both kinds share one write-ahead log, one sender thread and one ``seq`` counter, so the
-archive's audit sees a producer's every record, whichever topic it went to, as one numbered
-sequence. With ``logging.log_dir`` set, metrics events and log records are also written to
-this rank's local file (:mod:`rlpulse.producers.caller.rankfiles`), off the training thread.
+Both kinds share one write-ahead log and one ``seq`` counter, so the archive's audit sees a
+producer's every record, whichever topic it went to, as one numbered sequence; the host's
+agent (:mod:`rlpulse.producers.delivery.agent`) sends the log. With ``logging.log_dir`` set,
+metrics events and log records are also written to this rank's local file
+(:mod:`rlpulse.producers.caller.rankfiles`), off the training thread.
 """
 
 from __future__ import annotations
@@ -16,22 +17,28 @@ import threading
 import time
 import uuid
 import weakref
-from collections import deque
 from collections.abc import Callable, Mapping
 from functools import cache, partial
 from pathlib import Path
 from types import TracebackType
-from typing import get_args
-
-from confluent_kafka import Consumer
+from typing import Final, get_args
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.producers.caller.rankfiles import RankFileSink
-from rlpulse.producers.delivery.adoption import claim_dead_logs
-from rlpulse.producers.delivery.sender import WalSender
-from rlpulse.producers.delivery.shipper import HANDOVER_MAX, ShipperCounts
+from rlpulse.producers.delivery.agent_place import AgentBell, AgentPlace
+from rlpulse.producers.delivery.agent_process import place_for, start_detached
 from rlpulse.producers.delivery.spool_root import SpoolRoot, resolve_spool_root
-from rlpulse.producers.delivery.wal import EVENT, LOG, Frame, LogMeta, WalWriter, run_wal_dir
+from rlpulse.producers.delivery.wal import (
+    EVENT,
+    LOG,
+    PROTOCOL,
+    AckFile,
+    AckState,
+    LogMeta,
+    WalWriter,
+    run_wal_dir,
+)
+from rlpulse.producers.delivery.watch import AgentWatch, watch_agent
 from rlpulse.producers.encoding.arguments import (
     LONG_MAX,
     LONG_MIN,
@@ -63,14 +70,12 @@ from rlpulse.schemas.validation import (
     stage_problem,
 )
 from rlpulse.settings import Settings
-from rlpulse.transport.clients import ClientDiagnostics, new_consumer, trainer_producer
-from rlpulse.transport.roles import control_group_prefix
 
 log = logging.getLogger(__name__)
 
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 _TEXT_HEADROOM = 8192  # bytes of a log record's size limit kept for its other fields
-_new_tuple = tuple.__new__  # a Frame without NamedTuple's Python-level __new__ (hot path)
+_DELIVERY_POLL_S: Final = 0.005
 
 
 @cache
@@ -85,19 +90,18 @@ def host_ip() -> str:
 class EventLogger:
     """Publishes one run's TrainerEvents from one process (one rank); never blocks, never loses.
 
-    Construction does no I/O; the write-ahead log, the librdkafka producer and rlpulse's sender
-    thread start with the first record. ``log()`` validates, stamps and encodes the record and
-    appends it to the producer's write-ahead log (:mod:`rlpulse.producers.delivery.wal`: a copy into
-    a memory-mapped file, no system call), so it is in the operating system's hands before the call
-    returns and survives a SIGKILL of the process; the sender thread
-    (:mod:`rlpulse.producers.delivery.sender`) sends it — events one per message, log records in
-    batches — and, while the broker is out of reach, sends it later from the log.
-
-    What a dead process of the run left on this host (SIGKILLed, OOM-killed, or closed before
-    Kafka took everything) is sent by the next logger of the run on the host: from its start,
-    on a thread of its own, whether or not it ever logs, it claims those logs (and looks again
-    every ``producer.adopt_interval_s``), and its sender thread sends them; ``close()`` waits
-    for them too. ``rlpulse replay`` sends what no process of the run comes back for.
+    Construction does no I/O; the write-ahead log starts with the first record. ``log()``
+    validates, stamps and encodes the record and appends it to the producer's write-ahead log
+    (:mod:`rlpulse.producers.delivery.wal`: a copy into a memory-mapped file, no system call),
+    so it is in the operating system's hands before the call returns and survives a SIGKILL
+    of the process. The training process holds no Kafka producer and no sender thread: the
+    host's agent (:mod:`rlpulse.producers.delivery.agent`, one process per host and cluster)
+    sends the log — events one per message, log records in batches — and, while the broker is
+    out of reach, later, from the log; it sends what a killed process left as soon as it is
+    gone. ``log()`` wakes a sleeping agent (a mapped byte says whether it sleeps: nothing
+    per record while it is awake). A thread of the process checks every
+    ``agent.check_interval_s`` that the agent lives and starts one when none does
+    (:mod:`rlpulse.producers.delivery.watch`).
     ``close()``, also run at interpreter exit, waits a bounded time for delivery.
     Transport trouble never raises: it shows in the counters and in ``logging``.
     ``producer_id`` (fixed per logger) and ``seq`` (0, 1, 2, ...) identify each record, and
@@ -138,9 +142,6 @@ class EventLogger:
                 f"{problem}"
             )
         self._spool_root: SpoolRoot | None = None
-        self.adopted_left = 0
-        """After :meth:`close`: records of dead producers' logs it was sending that Kafka had
-        not acknowledged (they stay in their logs)."""
         self.refused: dict[str, int] = {}
         """Events ``log()`` refused because the worker would dead-letter them, per reason code."""
         self.last_step = 0
@@ -182,23 +183,13 @@ class EventLogger:
         )
         self._lock = threading.RLock()
         self._writer: WalWriter | None = None
-        self._sender: WalSender | None = None
-        self._handed: deque[Frame] = deque()
+        self._bell: AgentBell | None = None
+        self._watch: AgentWatch | None = None
         self._at_exit: Callable[[], None] | None = None
-        self._counts = ShipperCounts()
         self._not_written = 0
-        self._read_back_diagnostics: ClientDiagnostics | None = None
         self._closed = False
+        self._final: AckState | None = None
         self._seq = 0
-        self._replayed = 0
-        self._adopt_stop = threading.Event()
-        self._adopter = threading.Thread(
-            target=_adopt_dead_logs,
-            args=(weakref.ref(self), self._adopt_stop, self.settings.producer.adopt_interval_s),
-            name=f"rlpulse-adopt-{self.run_id}",
-            daemon=True,
-        )
-        self._adopter.start()
 
     @property
     def spool_dir(self) -> Path:
@@ -220,21 +211,6 @@ class EventLogger:
                     log.log(logging.WARNING if explicit else logging.INFO, "%s", root.note)
             return self._spool_root
 
-    def _adopt_once(self) -> None:
-        """Claim the logs dead producers of the run left on this host; hand them to the sender."""
-        sender = self._sender
-        skip = {self.wal_dir, *(() if sender is None else sender.adopted)}
-        for dead in claim_dead_logs(self.spool_dir, self.hostname, skip):
-            with self._lock:
-                if self._closed:  # close() no longer waits for this look
-                    dead.claim.release()
-                    continue
-                if self._sender is None:
-                    self._start()
-                sender = self._sender
-            assert sender is not None
-            sender.adopt(dead)
-
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` ran (``log()`` then raises ``ProducerClosedError``)."""
@@ -248,29 +224,37 @@ class EventLogger:
     @property
     def delivered(self) -> int:
         """Logged records the broker acknowledged on their first delivery."""
-        return self._counts.delivered
+        return self._acked().delivered
 
     @property
     def spooled(self) -> int:
         """Records whose delivery failed (the broker out of reach) and were sent again."""
-        return self._counts.resent
-
-    @property
-    def replayed(self) -> int:
-        """Records of dead producers of the same run on this host that this logger sent."""
-        sender = self._sender
-        return self._replayed if sender is None else sender.replayed
+        return self._acked().resent
 
     @property
     def dropped(self) -> int:
         """Records lost: refused by the broker as invalid, or not written (log full, no disk)."""
-        return self._counts.dropped + self._not_written
+        return self._acked().dropped + self._not_written
 
     @property
     def pending(self) -> int:
         """Records in the write-ahead log that Kafka has not acknowledged yet."""
-        sender = self._sender
-        return 0 if sender is None else sender.pending
+        writer = self._writer
+        return 0 if writer is None else max(0, writer.frames - self._acked().frames)
+
+    @property
+    def agent(self) -> AgentPlace | None:
+        """The host's agent that sends this logger's log (None before the first record)."""
+        bell = self._bell
+        return None if bell is None else bell.place
+
+    def _acked(self) -> AckState:
+        """What the agent recorded of this logger's log (the ``acked`` file)."""
+        if self._final is not None:
+            return self._final
+        if self._writer is None:
+            return AckState()
+        return AckFile.read(self.wal_dir)
 
     def log(
         self,
@@ -436,16 +420,15 @@ class EventLogger:
             self.local.put({"kind": LOG_KIND, **encoder.record(line, timestamp_ns, seq)})
 
     def _append(self, kind: int, seq: int, payload: bytes) -> None:
-        """Append an encoded record to the write-ahead log (under the lock); wake the sender.
+        """Append an encoded record to the write-ahead log (under the lock); wake the agent.
 
         A record the log cannot take (at ``producer.spool_max_bytes``, or the disk refuses)
         is counted in :attr:`dropped`, with one warning; it keeps its ``seq``, so the audit
         shows the loss as a gap.
         """
-        if self._writer is None or self._sender is None:
-            self._start()
-        writer, sender = self._writer, self._sender
-        assert writer is not None and sender is not None
+        writer = self._writer
+        if writer is None:
+            writer = self._start()
         try:
             written = writer.append(kind, seq, payload)
         except OSError as exc:
@@ -455,11 +438,7 @@ class EventLogger:
                 "dropped (counted in EventLogger.dropped)", self.run_id, self.wal_dir, exc,
             )  # fmt: skip
             return
-        if written:
-            handed = self._handed
-            if len(handed) < HANDOVER_MAX:  # else the sender reads them back from the log
-                handed.append(_new_tuple(Frame, (writer.start, writer.end, kind, seq, payload)))
-        else:
+        if not written:
             self._not_written += 1
             self._warn_once(
                 "wal-full", "run %s: the write-ahead log %s holds producer.spool_max_bytes "
@@ -467,8 +446,9 @@ class EventLogger:
                 "in EventLogger.dropped)", self.run_id, self.wal_dir, writer.max_bytes,
             )  # fmt: skip
             return
-        if kind == EVENT or sender.sleeping:
-            sender.wake()
+        bell = self._bell
+        if bell is not None and bell.state[0]:  # the agent sleeps: wake it if this needs it
+            bell.ring(kind)
 
     def _new_log_encoder(self) -> LogEncoder:
         """The log record encoder, made with the first record (it resolves the host's IP).
@@ -490,11 +470,9 @@ class EventLogger:
             default_codec(),
             max(256, (self._limits.max_event_bytes - _TEXT_HEADROOM) // 2),
         )
-        if self._writer is None:
-            self._start()
-        assert self._writer is not None
+        writer = self._writer if self._writer is not None else self._start()
         try:
-            self._writer.write_source(encoder.head)
+            writer.write_source(encoder.head)
         except OSError as exc:  # the records' appends will fail the same way, and say so
             log.debug("run %s: cannot write %s: %s", self.run_id, self.wal_dir, exc)
         self._log_encoder = encoder
@@ -592,65 +570,68 @@ class EventLogger:
         """Wait up to ``timeout_s`` until Kafka acknowledged every record logged so far.
 
         Returns how many of them are still waiting; they are safe in the write-ahead log either
-        way. Records other threads log meanwhile (system metrics, a log handler) are neither
-        waited for nor counted; :attr:`pending` counts everything.
+        way (the agent sends them). Records other threads log meanwhile (system metrics, a log
+        handler) are neither waited for nor counted; :attr:`pending` counts everything.
         """
         if self.local is not None:
             self.local.flush(timeout_s)
-        sender = self._sender
-        return 0 if sender is None else sender.wait_delivered(timeout_s)
+        writer = self._writer
+        if writer is None:
+            return 0
+        return self._wait_delivered(writer.frames, time.monotonic() + timeout_s)
+
+    def _wait_delivered(self, frames: int, deadline: float) -> int:
+        """Wait until the agent acknowledged ``frames`` frames of the log, or ``deadline``.
+
+        Wakes the agent first (it may sleep over log records held for the linger); returns
+        how many of them are not acknowledged.
+        """
+        if self._bell is not None:
+            self._bell.send(b"\n")
+        while True:
+            done = AckFile.read(self.wal_dir).frames
+            if done >= frames or time.monotonic() >= deadline:
+                return max(0, frames - done)
+            time.sleep(_DELIVERY_POLL_S)
 
     def close(self, timeout_s: float | None = None) -> int:
-        """Send for up to ``timeout_s`` (default ``producer.close_timeout_s``), then stop.
+        """Wait up to ``timeout_s`` (default ``producer.close_timeout_s``) for delivery; stop.
 
-        Waits for this logger's records and for the dead producers' logs it adopted (its look
-        at start included). Returns how many of this logger's records Kafka had not
-        acknowledged by then; :attr:`adopted_left` says the same of the adopted logs. They
-        stay in their write-ahead logs, sent by the next process of this run on this host or
-        by ``rlpulse replay``; a log that was delivered whole is deleted. Calling it again does
-        nothing and returns 0.
+        Returns how many of this logger's records Kafka had not acknowledged by then. They are
+        safe in the write-ahead log: the host's agent goes on sending them after this process
+        is gone, and deletes the log once every record arrived. Calling it again does nothing
+        and returns 0.
         """
         close_s = self.settings.producer.close_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + close_s
-        self._adopt_stop.set()
-        if self._adopter is not threading.current_thread():
-            self._adopter.join(close_s)  # the look under way hands its logs over first
         with self._lock:
             if self._closed:
                 return 0
             self._closed = True
-            sender, self._sender, self._writer = self._sender, None, None
+            writer = self._writer
         if self.local is not None:
             self.local.close()
-        if sender is None:
+        if writer is None:
             return 0
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
-        left = sender.close(max(0.0, deadline - time.monotonic()))
-        self._replayed = sender.replayed
-        kept = sender.adopted_left
+        left = self._wait_delivered(writer.frames, deadline)
+        self._final = AckFile.read(self.wal_dir)
+        writer.close()  # the writer is gone: the agent deletes the log once all of it arrived
+        if self._bell is not None:
+            self._bell.send(b"-" + os.fsencode(self.wal_dir) + b"\n")
+            self._bell.close()
+        if self._watch is not None:
+            self._watch.release()
         if left:
             log.warning(
-                "run %s: %d record(s) were still undelivered at close(); they wait in %s, sent "
-                "by the next process of this run on this host, or by `rlpulse replay %s`",
+                "run %s: %d record(s) were still undelivered at close(); they wait in %s for "
+                "the host's agent, or `rlpulse spool send` where none runs (`rlpulse spool "
+                "list` shows which)",
                 self.run_id,
                 left,
                 self.wal_dir,
-                self.spool_dir,
             )
-        if kept:
-            log.warning(
-                "run %s: %d record(s) of %d dead producer(s)' log(s) this process was sending "
-                "were still undelivered at close() (%s); they wait in %s for the next process "
-                "of this run on this host, or `rlpulse replay %s`",
-                self.run_id,
-                sum(records for _path, records, _why in kept),
-                len(kept),
-                "; ".join(sorted({why for _path, _records, why in kept if why})) or "time",
-                ", ".join(str(path) for path, _records, _why in kept),
-                self.spool_dir,
-            )
-        self.adopted_left = sum(records for _path, records, _why in kept)
         return left
 
     def __enter__(self) -> EventLogger:
@@ -664,61 +645,38 @@ class EventLogger:
     ) -> None:
         self.close()
 
-    def _start(self) -> None:
-        """Create the write-ahead log, the producer and the sender thread (under the lock)."""
-        label = f"event logger of run {self.run_id}"
+    def _start(self) -> WalWriter:
+        """Create the write-ahead log; find (or have started) the host's agent (under the lock).
+
+        Where the agent's directory cannot be made, records are still written to the log
+        (``rlpulse spool send`` sends them) and the watch says why no agent can run.
+        """
         producer_settings = self.settings.producer
+        spool = self._spool()
+        place = place_for(self.settings, spool)
         meta = LogMeta(
             self.wal_dir, self.run_id, self.producer_id, self._topic, self._logs_topic,
-            time.time_ns(), self.hostname, os.getpid(),
+            time.time_ns(), self.hostname, os.getpid(), place.key, PROTOCOL,
         )  # fmt: skip
+        try:
+            self._bell = AgentBell(place)
+        except OSError as exc:
+            self._warn_once(
+                "agent-place", "run %s: the host's agent cannot run from %s (%s); records "
+                "wait in %s for `rlpulse spool send`", self.run_id, place.directory,
+                exc.strerror or exc, self.wal_dir,
+            )  # fmt: skip
+        bell = self._bell
         self._writer = WalWriter(
             meta,
             segment_bytes=producer_settings.spool_file_bytes,
             max_bytes=producer_settings.spool_max_bytes,
+            on_first_segment=None if bell is None else partial(bell.register, self.wal_dir),
         )
-        self._sender = WalSender(
-            trainer_producer(self.settings, label),
-            self._writer,
-            self._read_back_consumer,
-            linger_s=producer_settings.batch_linger_ms / 1000,
-            batch_max_bytes=self.settings.logging.batch_max_bytes,
-            label=label,
-        )
-        self._counts = self._sender.counts
-        self._handed = self._sender.handed
+        self._watch = watch_agent(place, self.settings, start_detached)
         self._at_exit = partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
-
-    def _read_back_consumer(self) -> Consumer:
-        """A consumer for the sender's read-back (assigned partitions only, never commits).
-
-        Its errors go through one :class:`ClientDiagnostics` per logger: each kind is said
-        once however many read-backs a long outage takes.
-        """
-        group = f"{control_group_prefix(self.settings.prefix)}readback"
-        client = f"read-back of run {self.run_id}"
-        if self._read_back_diagnostics is None:
-            self._read_back_diagnostics = ClientDiagnostics(client, self.settings)
-        return new_consumer(self.settings, group, client, diagnostics=self._read_back_diagnostics)
-
-
-def _adopt_dead_logs(ref: weakref.ref[EventLogger], stop: threading.Event, every_s: float) -> None:
-    """The logger's adoption thread: a look at start, then every ``every_s`` until closed.
-
-    It holds the logger only while it looks, so a logger the program drops still goes.
-    """
-    while True:
-        logger = ref()
-        if logger is None or logger.closed:
-            return
-        try:
-            logger._adopt_once()
-        except Exception:  # a look that failed must not end the next ones
-            log.exception("run %s: looking for dead producers' logs failed", logger.run_id)
-        del logger
-        if stop.wait(every_s):
-            return
+        return self._writer
 
 
 def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:

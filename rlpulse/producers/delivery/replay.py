@@ -1,11 +1,15 @@
-"""Sending what dead producers left: ``rlpulse replay DIR`` over their write-ahead logs.
+"""Sending write-ahead logs no agent serves: ``rlpulse replay DIR`` and ``rlpulse spool send``.
 
-A trainer's own next process on the host sends what a dead process of its run left, by itself
-(:mod:`rlpulse.producers.delivery.adoption`); ``rlpulse replay`` does it for a run that does not
-come back, with the same :class:`~rlpulse.producers.delivery.adoption.DeadLogs`: each log reads back
-what its topics already hold of the producer and sends only the rest, with the producer's own ids,
-so every record reaches its topic once, however often a replay runs. ``rlpulse spool send`` is the
-same replay over the logs this host wrote (:mod:`rlpulse.producers.delivery.spool`).
+The host's agent sends every log of its host by itself, a dead writer's too
+(:mod:`rlpulse.producers.delivery.agent`). What is left for this routine: logs whose agent
+could not run, logs copied off their host, a run whose host's agent exited before Kafka came
+back. :func:`replay_logs` sends each log under a directory that no other sender holds (its
+``ship.lock``), with the agent's :class:`~rlpulse.producers.delivery.shipper.LogShipper`: it
+reads back what its topics already hold of the producer and sends only the rest, with the
+producer's own ids, so every record reaches its topic once however often a replay runs. A
+log whose writer is gone is deleted once sent whole; a live writer's log is left to it.
+``rlpulse spool send`` is this routine over the logs this host wrote
+(:mod:`rlpulse.producers.delivery.spool`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,18 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
-from rlpulse.producers.delivery.adoption import DeadLog, DeadLogs, PassedLog, look_for_dead_logs
-from rlpulse.producers.delivery.wal import LogMeta, logs_under, unsent_frames
+from rlpulse.producers.delivery.shipper import LogShipper, Producers
+from rlpulse.producers.delivery.wal import (
+    LOCK_NAME,
+    PROTOCOL,
+    SHIP_LOCK_NAME,
+    LogMeta,
+    WalClaim,
+    claim_held,
+    logs_under,
+    sender_pid,
+    unsent_frames,
+)
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import bootstrap_servers
@@ -54,11 +68,13 @@ class ReplayReport:
     delivered: int = 0
     """Records sent."""
     found: int = 0
-    """Records found on their topic already (sent before the producer died): not sent again."""
+    """Records found on their topic already (sent before): not sent again."""
     busy_producers: int = 0
-    """Logs a live process holds (it sends them itself): left alone."""
+    """Logs another process sends (the host's agent): left alone."""
     other_hosts: int = 0
     """Logs another host wrote (a replay for one ``host``): left alone."""
+    live: int = 0
+    """Logs whose writer is alive: what they held was sent, the logs stay with their writers."""
     kept: list[KeptLog] = field(default_factory=list)
     """The logs not sent whole, each with its cause."""
 
@@ -84,56 +100,87 @@ def replay_logs(
     """Send what every write-ahead log under ``root`` (searched recursively) still holds.
 
     ``prefix`` sends to ``<prefix>.events`` and ``<prefix>.logs`` instead of the topics each
-    log recorded. A log sent whole is deleted; one that is not — Kafka out of reach, a topic
-    missing, not all confirmed within ``timeout_s`` — is kept, with its cause. Logs held by a
-    live process are skipped; with ``host``, so are the logs another host wrote
-    (:func:`~rlpulse.producers.delivery.adoption.written_on`), as a logger's adoption skips them.
+    log recorded. A log sent whole whose writer is gone is deleted; one that is not — Kafka out
+    of reach, a topic missing, not all confirmed within ``timeout_s`` — is kept, with its cause.
+    Logs another process sends (the host's agent) are left to it. With ``host``, logs another
+    host wrote are left alone (their writer may be alive there).
     """
     report = ReplayReport()
-    dead = DeadLogs(lambda: _consumer(settings), settings.logging.batch_max_bytes, "rlpulse replay")
-    diagnostics = ClientDiagnostics("rlpulse replay", settings, quiet=True)
-    producer = None
-    for found in look_for_dead_logs(logs_under(Path(root)), host):
-        if isinstance(found, PassedLog):
-            _count_passed(report, found)
+    diagnostics = ClientDiagnostics("rlpulse replay", settings, quiet=True)  # causes: per log
+    producers: Producers | None = None
+    shippers: list[LogShipper] = []
+    for path in logs_under(Path(root)):
+        meta = LogMeta.read(path)
+        if meta is None:
+            report.kept.append(KeptLog(path, unsent_frames(path), "no readable meta.json"))
             continue
-        meta, claim = found.meta, found.claim
+        if host is not None and meta.host is not None and meta.host != host:
+            report.other_hosts += 1
+            continue
+        if meta.protocol > PROTOCOL:
+            cause = f"protocol {meta.protocol}: a newer rlpulse writes it"
+            report.kept.append(KeptLog(path, unsent_frames(path), cause))
+            continue
+        claim = WalClaim.take(path, SHIP_LOCK_NAME)
+        if claim is None:
+            report.busy_producers += 1
+            log.info("%s: process %s sends this log", path, sender_pid(path))
+            continue
         if prefix is not None:
             topics = Topics(prefix)
             meta = dataclasses.replace(meta, events_topic=topics.events, logs_topic=topics.logs)
-        if producer is None:
-            producer = trainer_producer(settings, "rlpulse replay", diagnostics)
-        problem = _destination_problem(producer, diagnostics, settings, meta, timeout_s)
+        if producers is None:
+            producers = Producers(
+                trainer_producer(settings, "rlpulse replay (events)", diagnostics),
+                trainer_producer(settings, "rlpulse replay (logs)", diagnostics),
+            )
+        problem = _destination_problem(producers.events, diagnostics, settings, meta, timeout_s)
         if problem is not None:
-            report.kept.append(KeptLog(meta.directory, unsent_frames(meta.directory), problem))
+            report.kept.append(KeptLog(path, unsent_frames(path), problem))
             claim.release()
             continue
-        dead.add(DeadLog(meta, claim))
+        shippers.append(
+            LogShipper(
+                meta,
+                claim,
+                lambda: _consumer(settings),
+                batch_max_bytes=settings.logging.batch_max_bytes,
+            )
+        )
     deadline = time.monotonic() + timeout_s
-    while producer is not None and not dead.idle and time.monotonic() < deadline:
-        producer.poll(_POLL_S)
-        dead.step(producer)
-    if producer is not None:
-        producer.purge()
-        producer.poll(0)
-    for path, records, cause in dead.close():
-        report.kept.append(KeptLog(path, records, cause or f"not confirmed within {timeout_s:g} s"))
-    report.logs = dead.sent_logs
-    report.delivered = dead.counts.resent + dead.counts.delivered
-    report.found = dead.counts.found
+    waiting = list(shippers)
+    while producers is not None and waiting and time.monotonic() < deadline:
+        producers.poll()
+        for shipper in waiting:
+            shipper.step(producers, time.monotonic(), flush=True)
+        waiting = [s for s in waiting if not (s.delivered_all or s.stuck)]
+        time.sleep(_POLL_S)
+    if producers is not None:
+        producers.purge()
+    for shipper in shippers:
+        _finish(shipper, report, timeout_s)
     return report
 
 
-def _count_passed(report: ReplayReport, passed: PassedLog) -> None:
-    """Note in ``report`` a log the replay's look did not claim."""
-    if passed.reason == "no meta":
-        records = unsent_frames(passed.path)
-        report.kept.append(KeptLog(passed.path, records, "no readable meta.json"))
-    elif passed.reason == "other host":
-        report.other_hosts += 1
+def _finish(shipper: LogShipper, report: ReplayReport, timeout_s: float) -> None:
+    """Close one log after the replay: deleted if sent whole and its writer is gone, else kept."""
+    shipper.settle()
+    state, path = shipper.state, shipper.directory
+    report.delivered += state.delivered + state.resent
+    report.found += state.found
+    writer_alive = claim_held(path, LOCK_NAME) is True
+    if shipper.delivered_all and not writer_alive:
+        shipper.close(delete=True)
+        report.logs += 1
+        return
+    if shipper.delivered_all:
+        report.live += 1
     else:
-        report.busy_producers += 1
-        log.warning("%s: a live process holds this log and sends it itself", passed.path)
+        cause = shipper.last_error or f"not confirmed within {timeout_s:g} s"
+        if shipper.unknown_kind is not None:
+            cause = f"frame kind {shipper.unknown_kind}: a newer rlpulse writes it"
+        report.kept.append(KeptLog(path, unsent_frames(path), cause))
+    shipper.close(delete=False)
 
 
 def _destination_problem(

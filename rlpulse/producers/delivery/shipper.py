@@ -1,23 +1,29 @@
 """Sending one write-ahead log to Kafka: in order, acknowledged, and never twice to a topic.
 
 A :class:`LogShipper` sends the frames of one producer's log
-(:mod:`rlpulse.producers.delivery.wal`): each event as its own message to the events topic (the
-worker joins events one by one; a batch would hold a command back), consecutive log records as
-LogBatch messages of at most ``batch_max_bytes`` to the logs topic. Every message carries the
-producer id and its seqs in headers (:mod:`rlpulse.producers.delivery.readback`). It records
-what Kafka acknowledged, in log order (the ``acked`` file), and deletes the segments whose
-every frame arrived.
+(:mod:`rlpulse.producers.delivery.wal`), written by another process that may be alive or
+gone: each event as its own message to the events topic (the worker joins events one by
+one; a batch would hold a command back), consecutive log records as LogBatch messages of at
+most ``batch_max_bytes`` to the logs topic, gathered for ``linger_s`` unless an event comes
+after them. Events go through one producer and log batches through another
+(:class:`Producers`), so an event never waits behind a batch's request. Every message
+carries the producer id and its seqs in headers (:mod:`rlpulse.producers.delivery.readback`)
+and the host's clock offset when one is known (:mod:`rlpulse.producers.delivery.clock`). It
+records what Kafka acknowledged, in log order, with the counts the writer shows its caller
+(the ``acked`` file), and deletes the segments whose every frame arrived, except the newest
+one while its writer lives.
 
 After a failed delivery (the broker out of reach for ``producer.delivery_timeout_s``, a
 refused write) it sends nothing more of that log, waits for what is in flight, then — once
 Kafka answers — reads back what the topics hold of the producer after its last acknowledged
-message and sends the rest: nothing is lost, and nothing reaches a topic twice. A log that a
-dead process left starts that way. Records the broker refuses as malformed are dropped
-(counted): sending them again cannot succeed.
+message and sends the rest: nothing is lost, and nothing reaches a topic twice. A log that
+another sender began (an agent that was killed) starts that way. Records the broker refuses
+as malformed are dropped (counted): sending them again cannot succeed. A frame of a kind
+this release does not know stops the log there: it is left in place for a newer sender.
 
-The shipper does no threading of its own: its driver (the logger's sender thread,
-:mod:`rlpulse.producers.delivery.sender`, or ``rlpulse replay``) calls :meth:`LogShipper.step` and
-serves the producer's delivery reports (``poll``) in one thread.
+The shipper does no threading of its own: its driver (the host's agent,
+:mod:`rlpulse.producers.delivery.agent`, or ``rlpulse spool send``) calls :meth:`LogShipper.step`
+and serves the producers' delivery reports in one thread.
 """
 
 from __future__ import annotations
@@ -25,13 +31,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+)
 
+from rlpulse.producers.delivery.clock import CLOCK_HEADER, ClockOffset
 from rlpulse.producers.delivery.readback import (
     PRODUCER_HEADER,
     SEQS_HEADER,
@@ -41,6 +55,7 @@ from rlpulse.producers.delivery.readback import (
 )
 from rlpulse.producers.delivery.wal import (
     EVENT,
+    KNOWN_KINDS,
     LOG,
     AckFile,
     AckState,
@@ -48,7 +63,6 @@ from rlpulse.producers.delivery.wal import (
     LogMeta,
     WalClaim,
     WalReader,
-    WalWriter,
     read_source,
     segment_of,
     segments,
@@ -57,7 +71,7 @@ from rlpulse.producers.encoding.logs import batch_body
 from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.topics import missing_topic
 
-__all__ = ["HANDOVER_MAX", "PERMANENT_ERRORS", "LogShipper", "ShipperCounts"]
+__all__ = ["PERMANENT_ERRORS", "LogShipper", "Producers"]
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +81,6 @@ PROBE_TIMEOUT_S: Final = 2.0
 MAX_IN_FLIGHT_BYTES: Final = 64 * 1024 * 1024
 """No more frames are read while this much waits for Kafka's acknowledgement."""
 BATCH_MAX_RECORDS: Final = 10_000
-HANDOVER_MAX: Final = 100_000
-"""Frames waiting in :attr:`LogShipper.handed` beyond which the caller hands no more over
-(the sender reads them from the log instead: memory stays bounded while Kafka is away)."""
 
 PERMANENT_ERRORS: Final = frozenset(
     {
@@ -83,18 +94,28 @@ PERMANENT_ERRORS: Final = frozenset(
 """Delivery errors that refuse the message itself: sending it again cannot succeed."""
 
 
-@dataclass
-class ShipperCounts:
-    """What happened to one log's records (or, summed, to a logger's)."""
+@dataclass(frozen=True)
+class Producers:
+    """The two producers a sender uses: one for events, one for log batches.
 
-    delivered: int = 0
-    """Records Kafka acknowledged on their first delivery."""
-    resent: int = 0
-    """Records whose first delivery failed, sent again after the read-back."""
-    found: int = 0
-    """Records the read-back found on their topic (not sent again)."""
-    dropped: int = 0
-    """Records the broker refused as malformed, or that could not be encoded (never resent)."""
+    Each keeps one request in flight per broker (KAFKA-15591,
+    :func:`~rlpulse.transport.clients.trainer_producer`); with two, an event's request never
+    waits behind a large batch of log records.
+    """
+
+    events: Producer
+    logs: Producer
+
+    def poll(self) -> None:
+        """Serve both producers' delivery reports (in the caller's thread)."""
+        self.events.poll(0)
+        self.logs.poll(0)
+
+    def purge(self) -> None:
+        """Drop what both still queue (it stays in the write-ahead logs)."""
+        for producer in (self.events, self.logs):
+            producer.purge()
+            producer.poll(0)
 
 
 @dataclass
@@ -105,92 +126,110 @@ class _Sent:
     frames: int
     kind: int
     size: int
+    produced_ns: int = 0
     done: bool = False
     error: KafkaError | None = None
     partition: int = -1
     offset: int = -1
+    resent: bool = False
+    found: bool = False
 
 
 class LogShipper:
     """Sends one producer's write-ahead log; see the module docstring.
 
-    ``writer`` is given for the log of a live logger in this process (frames are read up to
-    its :attr:`~rlpulse.producers.delivery.wal.WalWriter.end`); without it the log is a dead
-    producer's, read to its last whole frame, and ``claim`` is held for it.
+    ``claim``: the sender's claim of the log (``ship.lock``), released by :meth:`close`.
+    ``clock``: the host's clock offset, fed by the delivery reports and sent as a header.
     """
 
     def __init__(
         self,
         meta: LogMeta,
+        claim: WalClaim | None,
         new_consumer: Callable[[], Consumer],
         *,
         batch_max_bytes: int,
-        writer: WalWriter | None = None,
-        claim: WalClaim | None = None,
+        linger_s: float = 0.0,
+        clock: ClockOffset | None = None,
     ) -> None:
         self.meta = meta
         self.directory = meta.directory
-        self.writer = writer
         self.claim = claim
-        self.handed: deque[Frame] = deque()
-        """Frames the live writer's caller hands over as it appends them (see
-        :data:`HANDOVER_MAX`): sent from here without reading the log back."""
-        self.counts = ShipperCounts()
-        self.acked_frames = 0
-        """Frames acknowledged, found on the topics or dropped: done with."""
-        self.failing = writer is None
-        """Send nothing new until a read-back ran (a dead producer's log starts so)."""
+        self.clock = clock
+        began = AckFile.exists(self.directory)
+        self._state = AckFile.read(self.directory)
+        self._state.created_ns = self._state.created_ns or meta.created_ns
+        self._read_at = self._state.position
+        self._reader = WalReader(self.directory)
+        self._acks = AckFile(self.directory)
+        self._acks.write(self._state)  # before anything is sent: a later sender reads back
+        self.failing = began and self._next_frame() is not None
+        """Send nothing new until a read-back ran (a log another sender began starts so)."""
         self.last_error: str | None = None
         """Why the last delivery or read-back failed, in a few words."""
         self.last_code: int | None = None
         """librdkafka's code of the delivery error that stopped the log (None: none)."""
+        self.unknown_kind: int | None = None
+        """The kind of a frame this release does not know, where the log stops (None: none)."""
         self._new_consumer = new_consumer
         self._batch_max_bytes = batch_max_bytes
+        self._linger_s = linger_s
         self._key = meta.run_id.encode()
         self._topics = {EVENT: meta.events_topic, LOG: meta.logs_topic}
-        self._reader = WalReader(self.directory)
-        self._acks = AckFile(self.directory)
-        self._state = AckFile.read(self.directory) if writer is None else AckState()
-        self._state.created_ns = self._state.created_ns or meta.created_ns
-        self._read_at = self._state.position
         self._in_flight: deque[_Sent] = deque()
         self._in_flight_bytes = 0
+        self._held_since: float | None = None
+        self._resend_end = -1
+        """Frames up to this position were produced once already (before a read-back)."""
         self._check: dict[int, Found] | None = None
         self._check_last = -1
-        self._resend_end = -1 if writer is not None else 1 << 62  # a dead producer's: all
         self._head: bytes | None = None
         self._next_probe = 0.0
         self._probe_pause = FIRST_PROBE_PAUSE_S
         self._partitions: dict[str, int] = {}
 
-    # -- driven by the sender thread or the replay --------------------------------------
+    # -- what the driver asks ----------------------------------------------------------
 
     @property
-    def idle(self) -> bool:
-        """Whether nothing is in flight, nothing failed and nothing new was appended."""
-        caught_up = self.writer is None or self._read_at >= self.writer.end
-        return caught_up and not self._in_flight and not self.failing
+    def state(self) -> AckState:
+        """What Kafka acknowledged of the log, with the counts."""
+        return self._state
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether messages wait for Kafka's acknowledgement."""
+        return bool(self._in_flight)
+
+    @property
+    def due_at(self) -> float | None:
+        """When the log records held back for the linger must go (monotonic), or None."""
+        held = self._held_since
+        return None if held is None else held + self._linger_s
 
     @property
     def delivered_all(self) -> bool:
-        """Whether every frame of the log (up to now) is done with."""
+        """Whether every whole frame of the log (up to now) is done with."""
         if self.failing or self._in_flight:
             return False
-        if self.writer is not None:
-            return self._read_at >= self.writer.end
-        return next(iter(self._reader.frames(self._read_at)), None) is None
+        return self._next_frame() is None
 
-    def step(self, producer: Producer) -> bool:
-        """Settle what arrived, resume after a failure, send what is new; True if it moved."""
-        moved = self.settle()
+    @property
+    def stuck(self) -> bool:
+        """Whether all that is left waits behind a frame of an unknown kind."""
+        return self.unknown_kind is not None and not self._in_flight and not self.failing
+
+    def step(self, producers: Producers, now: float, flush: bool = False) -> bool:
+        """Settle what arrived, resume after a failure, send what is new; True if it sent.
+
+        Log records wait for the linger unless ``flush`` or an event comes after them.
+        """
+        self.settle()
         if self.failing:
-            self._resume(producer)
-        else:
-            self._send(producer)
-        return moved
+            return self._resume(producers, now)
+        return self._send(producers, now, flush)
 
     def close(self, delete: bool) -> None:
-        """Unmap the log; release a dead producer's claim (with ``delete``: remove the log)."""
+        """Unmap the log and release the claim (with ``delete``: remove the log first)."""
         self._reader.close()
         self._acks.close()
         if self.claim is not None:
@@ -199,67 +238,65 @@ class LogShipper:
 
     # -- sending ------------------------------------------------------------------------
 
-    def _send(self, producer: Producer) -> None:
-        """Send the frames appended since the last look.
+    def _next_frame(self) -> Frame | None:
+        return next(iter(self._reader.frames(self._read_at)), None)
 
-        Stops early while ``MAX_IN_FLIGHT_BYTES`` wait for acknowledgement, or when
-        librdkafka's queue is full; the next look goes on from there.
+    def _send(self, producers: Producers, now: float, flush: bool) -> bool:
+        """Send the frames after the read position; True if anything was produced.
+
+        Stops early while ``MAX_IN_FLIGHT_BYTES`` wait for acknowledgement, when
+        librdkafka's queue is full, or at a frame of an unknown kind; the next step goes on
+        from there. Log records at the end are held back until the linger passed.
         """
-        end = None if self.writer is None else self.writer.end
-        if end is not None and self._read_at >= end:
-            return
         batch: list[Frame] = []
         batch_bytes = 0
-        for frame in self._frames(end):
+        sent = False
+        for frame in self._reader.frames(self._read_at):
             if self._in_flight_bytes >= MAX_IN_FLIGHT_BYTES:
                 break
             if self._check is not None and self._on_topic(frame):
-                if batch and not self._produce_logs(producer, batch):
-                    return
+                if batch and not self._produce_logs(producers.logs, batch):
+                    return sent
                 batch, batch_bytes = [], 0
-                self.counts.found += 1
-                self._done_with(frame, _Sent(frame.end, 1, frame.kind, 0, done=True))
+                self._queue(_Sent(frame.end, 1, frame.kind, 0, done=True, found=True))
                 continue
             if frame.kind == LOG:
                 batch.append(frame)
                 batch_bytes += len(frame.payload)
                 if batch_bytes < self._batch_max_bytes and len(batch) < BATCH_MAX_RECORDS:
                     continue
-            if batch and not self._produce_logs(producer, batch):
-                return
+            if batch:
+                if not self._produce_logs(producers.logs, batch):
+                    return sent
+                sent = True
             batch, batch_bytes = [], 0
-            if frame.kind == EVENT and not self._produce_event(producer, frame):
-                return
-            if frame.kind not in (EVENT, LOG):  # a kind this release does not know
-                self.counts.dropped += 1
-                self._done_with(frame, _Sent(frame.end, 1, frame.kind, 0, done=True))
+            if frame.kind == EVENT:
+                if not self._produce_event(producers.events, frame):
+                    return sent
+                sent = True
+            elif frame.kind != LOG:
+                self._stop_at(frame)
+                return sent
         if batch:
-            self._produce_logs(producer, batch)
+            held = self._held_since
+            if flush or self._linger_s <= 0 or (held is not None and now >= held + self._linger_s):
+                sent = self._produce_logs(producers.logs, batch) or sent
+            elif held is None:
+                self._held_since = now
+        return sent
 
-    def _frames(self, end: int | None) -> Iterator[Frame]:
-        """The frames after the read position, in log order.
-
-        Handed-over frames come as they are; the rest (not handed over, or sent again after a
-        failure) are read from the log.
-        """
-        at, handed = self._read_at, self.handed
-        while handed:
-            frame = handed[0]
-            if frame.end <= at:  # sent already (read from the log meanwhile)
-                handed.popleft()
-                continue
-            if frame.start > at:  # frames the caller did not hand over: from the log
-                yield from self._reader.frames(at, frame.start)
-                at = frame.start
-            handed.popleft()
-            yield frame
-            at = frame.end
-        if end is None or at < end:
-            yield from self._reader.frames(at, end)
-
-    def _done_with(self, frame: Frame, sent: _Sent) -> None:
-        self._queue(sent)
-        self._read_at = frame.end
+    def _stop_at(self, frame: Frame) -> None:
+        """A frame this release cannot read: leave it, and all after it, in the log."""
+        if self.unknown_kind is None:
+            self.unknown_kind = frame.kind
+            log.warning(
+                "%s: frame kind %d (seq %d) is not one this release reads (%s); it and every "
+                "frame after it are left in the log for a newer rlpulse",
+                self.directory,
+                frame.kind,
+                frame.seq,
+                ", ".join(str(kind) for kind in sorted(KNOWN_KINDS)),
+            )
 
     def _on_topic(self, frame: Frame) -> bool:
         """Whether the read-back found ``frame`` on its topic (the check ends past the last)."""
@@ -275,25 +312,19 @@ class LogShipper:
         return self._produce(producer, frame.payload, seqs_header(frame.seq, frame.seq), sent)
 
     def _produce_logs(self, producer: Producer, batch: list[Frame]) -> bool:
-        head = self._head = self._head or self._source()
+        self._held_since = None
+        head = self._head = self._head or read_source(self.directory)
         if head is None:  # records without the source file: nothing can build their batch
             log.warning(
                 "%s holds log records but no source file; %d record(s) dropped",
                 self.directory,
                 len(batch),
             )
-            self.counts.dropped += len(batch)
-            self._done_with(batch[-1], _Sent(batch[-1].end, len(batch), LOG, 0, done=True))
+            self._queue(_Sent(batch[-1].end, len(batch), LOG, 0, done=True, error=_NO_SOURCE))
             return True
         value = head + batch_body([frame.payload for frame in batch])
         sent = _Sent(batch[-1].end, len(batch), LOG, len(value))
         return self._produce(producer, value, seqs_header(batch[0].seq, batch[-1].seq), sent)
-
-    def _source(self) -> bytes | None:
-        """The shared head of the log's batches: the live writer's, else the log's file."""
-        if self.writer is not None and self.writer.source is not None:
-            return self.writer.source
-        return read_source(self.directory)
 
     def _produce(self, producer: Producer, value: bytes, seqs: bytes, sent: _Sent) -> bool:
         """Hand one message to librdkafka; False (nothing sent) when its queue is full."""
@@ -301,25 +332,30 @@ class LogShipper:
             (PRODUCER_HEADER, self.meta.producer_id.encode()),
             (SEQS_HEADER, seqs),
         ]
+        clock = self.clock
+        if clock is not None and clock.header is not None:
+            headers.append((CLOCK_HEADER, clock.header))
+        sent.produced_ns = time.time_ns()
+        sent.resent = sent.end <= self._resend_end
         try:
             producer.produce(
                 self._topics[sent.kind],
                 value,
                 self._key,
                 headers=headers,
-                on_delivery=partial(_report, sent),
+                on_delivery=partial(_report, sent, clock),
             )
         except BufferError:
             return False
         except KafkaException as exc:  # refused at once: as a failed delivery
             sent.done, sent.error = True, _as_error(exc)
         self._queue(sent)
-        self._read_at = sent.end
         return True
 
     def _queue(self, sent: _Sent) -> None:
         self._in_flight.append(sent)
         self._in_flight_bytes += sent.size
+        self._read_at = sent.end
 
     # -- acknowledgements ---------------------------------------------------------------
 
@@ -338,24 +374,27 @@ class LogShipper:
             queue.popleft()
             self._in_flight_bytes -= sent.size
             if error is not None:
-                self.counts.dropped += sent.frames
-                log.warning(
-                    "the broker refused a message of %d record(s) of %s (%s); they are dropped",
-                    sent.frames,
-                    self.directory,
-                    error.str(),
-                )
-            elif sent.offset >= 0:
+                state.dropped += sent.frames
+                if error is not _NO_SOURCE:
+                    log.warning(
+                        "the broker refused a message of %d record(s) of %s (%s); dropped",
+                        sent.frames,
+                        self.directory,
+                        error.str(),
+                    )
+            elif sent.found:
+                state.found += sent.frames
+            else:
                 if sent.kind == EVENT:
                     state.events = (sent.partition, sent.offset)
                 else:
                     state.logs = (sent.partition, sent.offset)
-                if sent.end <= self._resend_end:
-                    self.counts.resent += sent.frames
+                if sent.resent:
+                    state.resent += sent.frames
                 else:
-                    self.counts.delivered += sent.frames
+                    state.delivered += sent.frames
             state.position = sent.end
-            self.acked_frames += sent.frames
+            state.frames += sent.frames
             moved = True
         if moved:
             self._acks.write(state)
@@ -363,44 +402,40 @@ class LogShipper:
         return moved
 
     def _delete_delivered(self) -> None:
+        """Delete the segments before the acknowledged position's (never the newest one)."""
         done = segment_of(self._state.position)
-        live = segments(self.directory) if self.writer is None else list(self.writer.live)
-        for segment in live:
+        for segment in segments(self.directory)[:-1]:
             if segment < done:
                 self._reader.forget(segment)
-                if self.writer is not None:
-                    self.writer.remove(segment)
-                else:
-                    (self.directory / f"{segment:06d}.wal").unlink(missing_ok=True)
+                (self.directory / f"{segment:06d}.wal").unlink(missing_ok=True)
 
     # -- after a failure ----------------------------------------------------------------
 
-    def _resume(self, producer: Producer) -> None:
+    def _resume(self, producers: Producers, now: float) -> bool:
         """Once nothing is in flight and Kafka answers: read the topics back, send the rest."""
-        now = time.monotonic()
         if any(not sent.done for sent in self._in_flight) or now < self._next_probe:
-            return
+            return False
         try:
-            check = self._read_back(producer)
+            check = self._read_back(producers.events)
         except KafkaException as exc:
             self.last_error = str(exc.args[0].str() if exc.args else exc)
             log.debug("read-back of %s failed: %s", self.directory, exc)
             self._next_probe = time.monotonic() + self._probe_pause
             self._probe_pause = min(self._probe_pause * 2, MAX_PROBE_PAUSE_S)
-            return
+            return False
         self._check = check
         self._check_last = max(
             (last for found in check.values() for _first, last in found.ranges), default=-1
         )
         self._probe_pause = FIRST_PROBE_PAUSE_S
+        self._resend_end = max(self._resend_end, self._read_at)
         self._in_flight.clear()
         self._in_flight_bytes = 0
-        if self.writer is not None:
-            self._resend_end = max(self._resend_end, self._read_at)
+        self._held_since = None
         self._read_at = self._state.position
         self.failing = False
         self.last_error = self.last_code = None
-        self._send(producer)
+        return self._send(producers, now, flush=True)
 
     def _read_back(self, producer: Producer) -> dict[int, Found]:
         """Per frame kind, what its topic holds of this producer after its last acknowledgement."""
@@ -432,11 +467,19 @@ class LogShipper:
         return partition_for(self._key, count)
 
 
-def _report(sent: _Sent, error: KafkaError | None, message: Message) -> None:
+_NO_SOURCE: Final = KafkaError(KafkaError._BAD_MSG, "no source file")
+"""The outcome of log records whose batch cannot be built: dropped, as a refused message."""
+
+
+def _report(sent: _Sent, clock: ClockOffset | None, error: KafkaError | None, msg: Message) -> None:
     """Librdkafka's delivery report of one message (served by the driver's ``poll``)."""
     if error is None:
-        sent.partition = message.partition() or 0
-        sent.offset = message.offset() or 0
+        sent.partition = msg.partition() or 0
+        sent.offset = msg.offset() or 0
+        if clock is not None:
+            kind, broker_ms = msg.timestamp()
+            if kind == TIMESTAMP_LOG_APPEND_TIME:
+                clock.sample(sent.produced_ns, time.time_ns(), broker_ms)
     sent.error = error
     sent.done = True
 

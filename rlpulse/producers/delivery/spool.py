@@ -1,16 +1,15 @@
-"""What waits on this host in the write-ahead logs, per run and producer, and sending it.
+"""What waits on this host in the write-ahead logs, who sends it, and sending the rest.
 
 ``rlpulse spool list`` is :func:`list_spool`: each producer's log under the spool root that
-this host wrote (:func:`~rlpulse.producers.delivery.adoption.written_on`), with its run, producer,
-host and process, whether a live process holds its claim
-(:func:`~rlpulse.producers.delivery.wal.claim_held`), and the events and text records after its
-acknowledged position. ``rlpulse spool send`` is :func:`send_spool`: the dead logs among them
-sent by :func:`~rlpulse.producers.delivery.replay.replay_logs`, the routine of ``rlpulse
-replay`` (its claim skips a log a live process holds, and its read-back sends each record
-once).
+this host wrote, with its run, producer, host and process, whether its writer is alive
+(:func:`~rlpulse.producers.delivery.wal.claim_held` on ``lock``), which process sends it (the
+host's agent, holding ``ship.lock``), and the events and text records after its acknowledged
+position; and the agents kept under the root, alive or not, with what each serves and its
+trouble. ``rlpulse spool send`` is :func:`send_spool`: the logs no process sends, sent by
+:func:`~rlpulse.producers.delivery.replay.replay_logs`, the routine of ``rlpulse replay``.
 
 Looking changes nothing: a read of each log's ``meta.json`` and ``acked`` file, its frames
-(counted, not decoded), and a shared lock attempt given up at once.
+(counted, not decoded), and shared lock attempts given up at once.
 """
 
 from __future__ import annotations
@@ -22,24 +21,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from rlpulse.producers.delivery.adoption import written_on
+from rlpulse.producers.delivery.agent_place import agent_alive, agents_under, read_json
 from rlpulse.producers.delivery.replay import ReplayReport, replay_logs
 from rlpulse.producers.delivery.wal import (
     EVENT,
     LOG,
+    SHIP_LOCK_NAME,
     AckFile,
     LogMeta,
     WalReader,
     claim_held,
     logs_under,
     run_wal_dir,
+    sender_pid,
 )
 from rlpulse.settings import Settings
 
 __all__ = [
-    "ADOPTED",
     "DEAD",
     "LIVE",
+    "AgentSeen",
     "LogState",
     "SpoolListing",
     "SpoolLog",
@@ -48,15 +49,12 @@ __all__ = [
     "send_spool",
 ]
 
-LogState = Literal["live", "adopted", "dead"]
+LogState = Literal["live", "dead"]
 LIVE: Final = "live"
-"""Its process is alive and holds the log: it sends the log itself."""
-ADOPTED: Final = "adopted"
-"""Its process is gone and another one holds the log and sends it: a logger of the run that
-adopted it, or a replay."""
+"""Its writer is alive and holds the log."""
 DEAD: Final = "dead"
-"""No process holds the log (its process was killed, or closed its logger before Kafka took
-everything): ``rlpulse spool send``, or the run's next process on the host, sends it."""
+"""Its writer is gone (killed, or closed before Kafka took everything): the host's agent sends
+what is left and deletes the log, or ``rlpulse spool send`` when no agent runs."""
 
 
 @dataclass(frozen=True)
@@ -70,9 +68,10 @@ class SpoolLog:
     """The host that wrote it (None: not recorded, a log of an earlier release)."""
     pid: int | None
     """The process that wrote it (None: not recorded)."""
-    pid_alive: bool | None
-    """Whether that process is still running (None: no pid recorded)."""
     state: LogState
+    """Whether its writer is alive."""
+    sender: int | None
+    """The pid of the process that sends it now (the host's agent); None: nobody does."""
     events: int
     """Events after the acknowledged position (some may have reached Kafka unacknowledged:
     a sender reads the topics back and does not send those again)."""
@@ -94,6 +93,22 @@ class SpoolLog:
 
 
 @dataclass(frozen=True)
+class AgentSeen:
+    """An agent kept under the spool root: what it serves, whether it runs, its trouble."""
+
+    directory: Path
+    alive: bool
+    pid: int | None
+    host: str | None
+    bootstrap: str | None
+    prefix: str | None
+    logs: int
+    """Logs it sent when it last said (``status.json``)."""
+    problem: str | None
+    """Its trouble when it last said (None: none)."""
+
+
+@dataclass(frozen=True)
 class SpoolListing:
     """The logs of one host under one spool root (or one run's directory there)."""
 
@@ -104,6 +119,8 @@ class SpoolListing:
     """By run, then by when each was made."""
     other_hosts: int = 0
     """Logs under ``root`` that other hosts wrote: not listed, never sent from here."""
+    agents: tuple[AgentSeen, ...] = ()
+    """The agents kept under the spool root."""
 
     @property
     def runs(self) -> dict[str, tuple[SpoolLog, ...]]:
@@ -114,14 +131,14 @@ class SpoolListing:
         return {run_id: tuple(logs) for run_id, logs in runs.items()}
 
     @property
-    def dead(self) -> tuple[SpoolLog, ...]:
-        """The logs no process holds: what :func:`send_spool` sends."""
-        return tuple(spooled for spooled in self.logs if spooled.state == DEAD)
+    def unsent(self) -> tuple[SpoolLog, ...]:
+        """The logs no process sends: what :func:`send_spool` sends."""
+        return tuple(spooled for spooled in self.logs if spooled.sender is None)
 
     @property
     def held(self) -> tuple[SpoolLog, ...]:
-        """The logs a live process holds (and sends): never sent from here."""
-        return tuple(spooled for spooled in self.logs if spooled.state != DEAD)
+        """The logs a process sends (the host's agent): never sent from here."""
+        return tuple(spooled for spooled in self.logs if spooled.sender is not None)
 
 
 def host_name(settings: Settings) -> str:
@@ -129,24 +146,28 @@ def host_name(settings: Settings) -> str:
     return settings.producer.hostname or socket.gethostname()
 
 
-def list_spool(root: Path, host: str, *, run_id: str | None = None) -> SpoolListing:
-    """The write-ahead logs under spool root ``root`` that ``host`` wrote (``run_id``'s only).
+def list_spool(
+    root: Path, host: str, *, run_id: str | None = None, spool_root: Path | None = None
+) -> SpoolListing:
+    """The write-ahead logs under ``root`` that ``host`` wrote (``run_id``'s only).
 
-    A log that disappears while it is looked at (delivered whole and deleted) is left out.
+    ``spool_root`` (default ``root``) is where the agents are kept. A log that disappears
+    while it is looked at (delivered whole and deleted) is left out.
     """
     where = root if run_id is None else run_wal_dir(root, run_id, host)
     logs: list[SpoolLog] = []
     other_hosts = 0
     for directory in logs_under(where):
         meta = LogMeta.read(directory)
-        if meta is not None and not written_on(meta, host):
+        if meta is not None and meta.host is not None and meta.host != host:
             other_hosts += 1
             continue
         spooled = _look(directory, meta)
         if spooled is not None:
             logs.append(spooled)
     logs.sort(key=lambda spooled: (spooled.run_id, spooled.created_ns or 0, spooled.producer_id))
-    return SpoolListing(where, host, tuple(logs), other_hosts)
+    agents = tuple(_agent(directory) for directory in agents_under(spool_root or root))
+    return SpoolListing(where, host, tuple(logs), other_hosts, agents)
 
 
 def send_spool(
@@ -157,11 +178,11 @@ def send_spool(
     run_id: str | None = None,
     timeout_s: float = 60.0,
 ) -> ReplayReport:
-    """Send the dead logs :func:`list_spool` lists (the same arguments), as a replay does.
+    """Send the logs :func:`list_spool` lists that no process sends (the same arguments).
 
-    :func:`~rlpulse.producers.delivery.replay.replay_logs` over the same directory, for ``host``: a
-    log a live process holds is skipped, a log sent whole is deleted, one that is not is kept
-    with its cause.
+    :func:`~rlpulse.producers.delivery.replay.replay_logs` over the same directory, for
+    ``host``: a log the host's agent sends is left to it, a dead writer's log sent whole is
+    deleted, one that is not is kept with its cause.
     """
     where = root if run_id is None else run_wal_dir(root, run_id, host)
     return replay_logs(where, settings, timeout_s=timeout_s, host=host)
@@ -169,14 +190,11 @@ def send_spool(
 
 def _look(directory: Path, meta: LogMeta | None) -> SpoolLog | None:
     """One log as it is now; None if it is gone."""
-    held = claim_held(directory)
-    if held is None:
+    writing = claim_held(directory)
+    if writing is None:
         return None
-    pid = None if meta is None else meta.pid
-    alive = None if pid is None else _alive(pid)
-    state: LogState = DEAD
-    if held:
-        state = ADOPTED if alive is False else LIVE
+    sender = sender_pid(directory) if claim_held(directory, SHIP_LOCK_NAME) else None
+    state: LogState = LIVE if writing else DEAD
     try:
         events, records = _waiting(directory)
         disk_bytes = sum(entry.stat().st_size for entry in os.scandir(directory) if entry.is_file())
@@ -184,13 +202,41 @@ def _look(directory: Path, meta: LogMeta | None) -> SpoolLog | None:
         return None
     if meta is None:  # <root>/<run>/<host>/<producer>, as far as the path says
         return SpoolLog(
-            directory, directory.parent.parent.name, directory.name, None, None, None,
-            state, events, records, disk_bytes, None,
+            directory, directory.parent.parent.name, directory.name, None, None,
+            state, sender, events, records, disk_bytes, None,
         )  # fmt: skip
     return SpoolLog(
-        directory, meta.run_id, meta.producer_id, meta.host, pid, alive, state,
+        directory, meta.run_id, meta.producer_id, meta.host, meta.pid, state, sender,
         events, records, disk_bytes, meta.created_ns,
     )  # fmt: skip
+
+
+def _agent(directory: Path) -> AgentSeen:
+    """An agent's directory as it is now: its ``agent.json``, ``status.json`` and lock."""
+    info = {
+        **(read_json(directory / "place.json") or {}),
+        **(read_json(directory / "agent.json") or {}),
+    }
+    status = read_json(directory / "status.json") or {}
+    alive = agent_alive(directory / "lock")
+    logs = status.get("logs")
+    problem = status.get("problem")
+    pid = info.get("pid")
+
+    def text(key: str) -> str | None:
+        value = info.get(key)
+        return value if isinstance(value, str) else None
+
+    return AgentSeen(
+        directory,
+        alive,
+        pid if isinstance(pid, int) else None,
+        text("host"),
+        text("bootstrap"),
+        text("prefix"),
+        len(logs) if isinstance(logs, list) and alive else 0,
+        problem if isinstance(problem, str) and alive else None,
+    )
 
 
 def _waiting(directory: Path) -> tuple[int, int]:
@@ -201,14 +247,3 @@ def _waiting(directory: Path) -> tuple[int, int]:
     finally:
         reader.close()
     return kinds[EVENT], kinds[LOG]
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this host (signal 0 is sent to nobody)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True

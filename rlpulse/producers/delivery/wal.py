@@ -1,27 +1,32 @@
 """The write-ahead log: what a producer accepted is on local disk before ``log()`` returns.
 
 Every event and text log record that ``log()`` or the logging handler accepts is appended
-here, in ``seq`` order, before the call returns; rlpulse's sender thread reads it back from
-here, sends it, and records what Kafka acknowledged. A frame written to the memory-mapped
-segment is in the operating system's page cache, so it survives the process being killed
-(SIGKILL, the OOM killer) — not the machine losing power. What a dead process left is sent
-by the next process of the same run on the host, or by ``rlpulse replay``
-(:mod:`rlpulse.producers.delivery.sender`, :mod:`rlpulse.producers.delivery.replay`).
+here, in ``seq`` order, before the call returns; the host's agent
+(:mod:`rlpulse.producers.delivery.agent`), another process, reads it back from here, sends it,
+and records what Kafka acknowledged. A frame written to the memory-mapped segment is in the
+operating system's page cache, so it survives the process being killed (SIGKILL, the OOM
+killer) — not the machine losing power. The agent sends a dead writer's frames as it sends a
+live one's, and removes the log once its writer is gone and every frame arrived.
 
 Layout, one directory per producer under its run's directory of its host (:func:`run_wal_dir`;
 the root is :func:`~rlpulse.producers.delivery.spool_root.resolve_spool_root`'s)::
 
     <spool root>/<run>/<host>/<producer_id>/lock flock(2)-ed by the process that writes
-                                                 or sends this log (the kernel drops it
-                                                 when that process dies)
+                                                 this log (the kernel drops it when that
+                                                 process dies: the writer is gone)
+                                     ship.lock   flock(2)-ed by the process that sends it
+                                                 (an agent, ``rlpulse spool send``), whose
+                                                 pid it holds: one sender per log
                                      meta.json   the run, the producer, the host and
                                                  process that write it, the two topics,
+                                                 the agent that serves it, the protocol,
                                                  when it was made
                                      source      the bytes every LogBatch of the producer
                                                  starts with (its shared fields)
                                      acked       what Kafka holds: the position up to which
-                                                 every frame was delivered, and per topic the
-                                                 partition and offset of the last delivery
+                                                 every frame was delivered, per topic the
+                                                 partition and offset of the last delivery,
+                                                 and the counts the writer shows its caller
                                      000001.wal  segments of ``segment_bytes``, reserved on
                                                  disk when made (no SIGBUS on a full disk)
 
@@ -32,9 +37,15 @@ before the header, and the CRC covers the payload, so a frame cut by a kill read
 the log.
 A zero length ends a segment's frames. A position is ``segment << 40 | offset``.
 
+The protocol (:data:`PROTOCOL`, written in ``meta.json``) names the frame kinds a log may
+hold. A reader of an older protocol leaves a log of a newer one alone, and stops before a
+frame whose kind it does not know: it never sends past it nor deletes it
+(:data:`KNOWN_KINDS`).
+
 The log takes at most ``max_bytes`` of disk: when a new segment would pass it, the record
 is not written and counted as dropped (the newest go; what is on disk stays). The sender
-deletes a segment once every frame in it was delivered.
+deletes a segment once every frame in it was delivered (never the newest one of a live
+writer); the writer counts its segments again from the disk before it calls itself full.
 """
 
 from __future__ import annotations
@@ -48,14 +59,17 @@ import re
 import struct
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final, NamedTuple
 
 __all__ = [
     "EVENT",
+    "KNOWN_KINDS",
     "LOG",
+    "PROTOCOL",
+    "SHIP_LOCK_NAME",
     "AckFile",
     "AckState",
     "Frame",
@@ -66,6 +80,7 @@ __all__ = [
     "claim_held",
     "logs_in",
     "logs_under",
+    "path_name",
     "position",
     "read_source",
     "run_wal_dir",
@@ -77,10 +92,17 @@ EVENT: Final = 1
 """Frame kind: a TrainerEvent, single-object encoded (sent as one message to the events topic)."""
 LOG: Final = 2
 """Frame kind: a LogEntry's Avro body (sent in LogBatch messages to the logs topic)."""
+PROTOCOL: Final = 2
+"""The write-ahead log's protocol this release writes and reads: frame kinds :data:`EVENT`
+and :data:`LOG`, a log served by the host's agent (1: the same frames, sent by the writing
+process itself; its logs carry no protocol in ``meta.json``)."""
+KNOWN_KINDS: Final = frozenset({EVENT, LOG})
+"""The frame kinds of :data:`PROTOCOL`: a reader stops before any other."""
 
 HEADER: Final = struct.Struct("<IIBq")
 SEGMENT_SUFFIX: Final = ".wal"
 LOCK_NAME: Final = "lock"
+SHIP_LOCK_NAME: Final = "ship.lock"
 SOURCE_NAME: Final = "source"
 ACKED_NAME: Final = "acked"
 META_NAME: Final = "meta.json"
@@ -99,10 +121,11 @@ def run_wal_dir(root: Path, run_id: str, host: str) -> Path:
     digits, ``.``, ``_`` and ``-`` in the run id and the host become ``_``: each is one safe
     directory name.
     """
-    return root / _path_name(run_id) / _path_name(host)
+    return root / path_name(run_id) / path_name(host)
 
 
-def _path_name(text: str) -> str:
+def path_name(text: str) -> str:
+    """``text`` as one safe directory name (see :func:`run_wal_dir`)."""
     return _NOT_PATH_CHARS.sub("_", text).lstrip(".") or "_"
 
 
@@ -156,11 +179,17 @@ class LogMeta:
     """The host whose process wrote the log (None: a log of an earlier release)."""
     pid: int | None = None
     """The process that wrote the log (None: a log of an earlier release)."""
+    agent: str | None = None
+    """The key of the host agent that serves the log
+    (:class:`~rlpulse.producers.delivery.agent_place.AgentPlace`; None: a log of an earlier
+    release, which its own process sent)."""
+    protocol: int = 1
+    """The write-ahead log protocol its frames follow (:data:`PROTOCOL`)."""
 
     def write(self) -> None:
         """Write ``meta.json`` into the log's directory (atomically)."""
         document = {
-            "v": 2,
+            "v": 3,
             "run_id": self.run_id,
             "producer_id": self.producer_id,
             "host": self.host,
@@ -168,6 +197,8 @@ class LogMeta:
             "events_topic": self.events_topic,
             "logs_topic": self.logs_topic,
             "created_ns": self.created_ns,
+            "agent": self.agent,
+            "protocol": self.protocol,
         }
         path = self.directory / META_NAME
         temporary = path.with_name(META_NAME + ".tmp")
@@ -188,31 +219,39 @@ class LogMeta:
                 int(document["created_ns"]),
                 None if document.get("host") is None else str(document["host"]),
                 None if document.get("pid") is None else int(document["pid"]),
+                None if document.get("agent") is None else str(document["agent"]),
+                int(document.get("protocol", 1)),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
 
 class WalClaim:
-    """The exclusive right to write or send one producer's log, held by ``flock(2)``.
+    """The exclusive right to write (``lock``) or to send (``ship.lock``) one log, by ``flock(2)``.
 
     It ends with the process that holds it, however that process ends. :meth:`take`
-    returns None while a live process holds it.
+    returns None while a live process holds it. A sender's claim holds its pid in the file,
+    so that ``rlpulse spool list`` can say which process sends the log.
     """
 
-    def __init__(self, directory: Path, handle: IO[bytes]) -> None:
+    def __init__(self, directory: Path, handle: IO[bytes], name: str = LOCK_NAME) -> None:
         self.directory = directory
+        self.name = name
         self._handle: IO[bytes] | None = handle
 
     @classmethod
-    def take(cls, directory: Path) -> WalClaim | None:
+    def take(cls, directory: Path, name: str = LOCK_NAME) -> WalClaim | None:
         """Claim the log in ``directory`` (made if missing), or None if a live process has it."""
         directory.mkdir(parents=True, exist_ok=True)
-        handle = (directory / LOCK_NAME).open("ab")
+        handle = (directory / name).open("ab")
         if not _try_lock(handle):
             handle.close()
             return None
-        return cls(directory, handle)
+        if name != LOCK_NAME:  # appends go to the end: after the truncation, the start
+            handle.truncate(0)
+            handle.write(str(os.getpid()).encode())
+            handle.flush()
+        return cls(directory, handle, name)
 
     @property
     def held(self) -> bool:
@@ -224,28 +263,41 @@ class WalClaim:
         if self._handle is None:
             return
         if delete:
-            for entry in list(os.scandir(self.directory)):
-                if entry.name != LOCK_NAME:
-                    os.unlink(entry.path)
-            with contextlib.suppress(OSError):
-                os.unlink(self.directory / LOCK_NAME)
-                self.directory.rmdir()
-                self.directory.parent.rmdir()  # the host's, then the run's, once empty
-                self.directory.parent.parent.rmdir()
+            remove_log(self.directory)
         self._handle.close()  # closing the descriptor drops the flock
         self._handle = None
 
 
-def claim_held(directory: Path) -> bool | None:
-    """Whether a live process holds the claim of the log in ``directory``; None: no log there.
+def remove_log(directory: Path) -> None:
+    """Delete a log's files and directory, then its host's and run's directories once empty."""
+    with contextlib.suppress(FileNotFoundError):
+        for entry in list(os.scandir(directory)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+        directory.parent.rmdir()  # the host's, then the run's, once empty
+        directory.parent.parent.rmdir()
 
-    A shared lock attempt, given up at once: nothing is made or changed, and two lookers do
-    not stand in each other's way, but a process that tries to claim the log in that instant
-    (a logger of the run looking for dead producers' logs) finds it held and passes it by
-    until its next look.
+
+def sender_pid(directory: Path) -> int | None:
+    """The pid a sender's claim of the log in ``directory`` recorded (held or not), or None."""
+    try:
+        text = (directory / SHIP_LOCK_NAME).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def claim_held(directory: Path, name: str = LOCK_NAME) -> bool | None:
+    """Whether a live process holds the claim ``name`` of the log in ``directory``.
+
+    None: no such lock file there. A shared lock attempt, given up at once: nothing is made
+    or changed, and two lookers do not stand in each other's way, but a process that tries
+    to claim the log in that instant finds it held and passes it by until its next look.
     """
     try:
-        descriptor = os.open(directory / LOCK_NAME, os.O_RDONLY)
+        descriptor = os.open(directory / name, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
@@ -316,27 +368,30 @@ class WalWriter:
     """Appends frames to one producer's log (the caller holds the producer's lock).
 
     Construction does no I/O; the directory, the claim and the first segment are made with
-    the first frame. ``end`` is the position after the last complete frame: a reader in
-    another thread may read every frame before it.
+    the first frame, and then ``on_first_segment`` is called (the host's agent is told of the
+    new log). ``end`` is the position after the last complete frame.
     """
 
-    def __init__(self, meta: LogMeta, segment_bytes: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        meta: LogMeta,
+        segment_bytes: int,
+        max_bytes: int,
+        on_first_segment: Callable[[], None] | None = None,
+    ) -> None:
         self.meta = meta
         self.directory = meta.directory
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         self.claim: WalClaim | None = None
-        self.start = 0
-        """The position of the last frame appended."""
         self.end = 0
         """The position after the last complete frame (0: nothing written yet)."""
         self.frames = 0
         """Frames appended by this writer."""
         self.live: set[int] = set()
-        """Segments on disk (the sender removes delivered ones with :meth:`remove`)."""
-        self.source: bytes | None = None
-        """The shared head of the producer's LogBatches once :meth:`write_source` was given it:
-        this process's sender builds batches from it without reading the file back."""
+        """Segments on disk, as this writer last knew them (the sender deletes delivered ones;
+        the writer lists them again before it calls itself full)."""
+        self._on_first_segment = on_first_segment
         self._map: mmap.mmap | None = None
         self._segment = 0
         self._offset = 0
@@ -356,19 +411,15 @@ class WalWriter:
         data[start : start + len(payload)] = payload
         HEADER.pack_into(data, offset, len(payload), zlib.crc32(payload), kind, seq)
         self._offset = end = start + len(payload)
-        segment = self._segment << _OFFSET_BITS  # position(), inline: this is the hot path
-        self.start = segment | offset
-        self.end = segment | end
+        self.end = self._segment << _OFFSET_BITS | end  # position(), inline: the hot path
         self.frames += 1
         return True
 
     def write_source(self, head: bytes) -> None:
         """Write the shared head of the producer's LogBatches (once, before its first record).
 
-        The file is for whoever sends the log after this process; this process keeps the
-        bytes in :attr:`source`.
+        Whoever sends the log builds the batches from it.
         """
-        self.source = head
         self._claimed()
         path = self.directory / SOURCE_NAME
         if not path.exists():
@@ -376,19 +427,13 @@ class WalWriter:
             temporary.write_bytes(head)
             os.replace(temporary, path)
 
-    def remove(self, segment: int) -> None:
-        """Delete a segment every frame of which was delivered (not the one being written)."""
-        if segment == self._segment:
-            return
-        self.live.discard(segment)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.directory / _segment_name(segment))
-
     def close(self) -> None:
-        """Unmap the segment being written (the files stay)."""
+        """Unmap the segment being written and give up the claim (the files stay)."""
         if self._map is not None:
             self._map.close()
             self._map = None
+        if self.claim is not None:
+            self.claim.release()
 
     def _claimed(self) -> WalClaim:
         if self.claim is None:
@@ -401,7 +446,9 @@ class WalWriter:
 
     def _next_segment(self, size: int) -> bool:
         if (len(self.live) + 1) * self.segment_bytes > self.max_bytes:
-            return False
+            self.live = {n for n in segments(self.directory) if n <= self._segment}
+            if (len(self.live) + 1) * self.segment_bytes > self.max_bytes:
+                return False
         self._claimed()
         segment = self._segment + 1
         path = self.directory / _segment_name(segment)
@@ -415,11 +462,14 @@ class WalWriter:
             path.unlink(missing_ok=True)
             raise
         os.close(descriptor)
-        self.close()
+        if self._map is not None:
+            self._map.close()
         self._map = mapped
         self._segment = segment
         self._offset = 0
         self.live.add(segment)
+        if segment == 1 and self._on_first_segment is not None:
+            self._on_first_segment()
         return True
 
 
@@ -440,51 +490,36 @@ def _reserve(descriptor: int, length: int) -> None:
 class WalReader:
     """Reads one producer's log back, frame by frame; keeps its segments mapped between reads.
 
-    The sender reads a live log up to its writer's :attr:`WalWriter.end`; a recovery reads a
-    dead producer's log to its first frame that is not whole.
+    The writer may be alive in another process: every frame's CRC is checked, and the
+    frames stop at the first one that is not whole (being written, or cut by a kill).
     """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._maps: dict[int, mmap.mmap] = {}
 
-    def frames(self, start: int, end: int | None = None) -> Iterator[Frame]:
-        """The frames from position ``start``, in order, up to ``end`` if given.
+    def frames(self, start: int) -> Iterator[Frame]:
+        """The whole frames from position ``start``, in order.
 
-        With ``end`` (a live writer's, in this process) every frame before it is whole, and
-        CRCs are not checked. Without it, it stops at the first frame that is not whole in
-        the last segment (the end of a log whose writer died). A missing segment (deleted once
-        delivered) is skipped.
+        In the last segment they stop at the first frame that is not whole. A segment is left
+        for the next one once that exists, after its tail is read once more: its writer
+        finished it before making the next, and a frame read as not whole just before may
+        have been finished since. A missing segment (deleted once delivered) is skipped.
         """
-        verify = end is None
         segment, offset = segment_of(start), start & _OFFSET_MASK
         while True:
             data = self._mapped(segment)
             if data is not None:
-                limit = len(data)
-                if end is not None and segment == segment_of(end):
-                    limit = end & _OFFSET_MASK
-                while offset + HEADER.size <= limit:
-                    size, crc, kind, seq = HEADER.unpack_from(data, offset)
-                    first = offset + HEADER.size
-                    if size == 0 or first + size > limit:
-                        break
-                    payload = data[first : first + size]
-                    if verify and zlib.crc32(payload) != crc:
-                        break
-                    base = segment << _OFFSET_BITS
-                    yield Frame(base | offset, base | (first + size), kind, seq, payload)
-                    offset = first + size
-            if end is not None:
-                if segment >= segment_of(end):
+                offset = yield from _whole_frames(segment, data, offset)
+                if not (self.directory / _segment_name(segment + 1)).exists():
                     return
-                segment += 1
-            else:
-                later = [n for n in segments(self.directory) if n > segment]
-                if not later:
-                    return
-                segment = later[0]
-            offset = 0
+                offset = yield from _whole_frames(segment, data, offset)
+                segment, offset = segment + 1, 0
+                continue
+            following = next((n for n in segments(self.directory) if n > segment), None)
+            if following is None:
+                return
+            segment, offset = following, 0
 
     def forget(self, segment: int) -> None:
         """Unmap a segment (it was deleted)."""
@@ -514,6 +549,23 @@ class WalReader:
         return mapped
 
 
+def _whole_frames(segment: int, data: mmap.mmap, offset: int) -> Generator[Frame, None, int]:
+    """The whole frames of a mapped segment from ``offset``; returns where they stop."""
+    limit = len(data)
+    base = segment << _OFFSET_BITS
+    while offset + HEADER.size <= limit:
+        size, crc, kind, seq = HEADER.unpack_from(data, offset)
+        first = offset + HEADER.size
+        if size == 0 or first + size > limit:
+            break
+        payload = data[first : first + size]
+        if zlib.crc32(payload) != crc:
+            break
+        yield Frame(base | offset, base | (first + size), kind, seq, payload)
+        offset = first + size
+    return offset
+
+
 def unsent_frames(directory: Path) -> int:
     """How many frames of the log in ``directory`` lie after its acknowledged position."""
     reader = WalReader(directory)
@@ -523,9 +575,12 @@ def unsent_frames(directory: Path) -> int:
         reader.close()
 
 
-_ACKED: Final = struct.Struct("<4sIqqiqiqI")
-_ACKED_MAGIC: Final = b"RPWA"
-_ACKED_SLOT: Final = 64
+_ACKED: Final = struct.Struct("<4sIqqiqiqqqqqqI")
+_ACKED_MAGIC: Final = b"RPW2"
+_ACKED_SLOT: Final = 128
+_ACKED_V1: Final = struct.Struct("<4sIqqiqiqI")
+_ACKED_V1_MAGIC: Final = b"RPWA"
+_ACKED_V1_SLOT: Final = 64
 
 
 @dataclass
@@ -536,19 +591,32 @@ class AckState:
     and offset of the last delivered message of each topic (-1, -1: none yet), where a
     reader of the topic starts looking for what a dead process may have sent after it.
     ``created_ns``: when the log was made (a bound for that search when nothing was acked).
+    The counts are of the frames before ``position``, so the writer can show its caller
+    what happened to its records (a file of an earlier release has none).
     """
 
     position: int = 0
     created_ns: int = 0
     events: tuple[int, int] = (-1, -1)
     logs: tuple[int, int] = (-1, -1)
+    frames: int = 0
+    """Frames done with: delivered, found on their topic, or dropped."""
+    delivered: int = 0
+    """Records Kafka acknowledged on their first delivery."""
+    resent: int = 0
+    """Records whose first delivery failed, sent again after a read-back."""
+    found: int = 0
+    """Records a read-back found on their topic (not sent again)."""
+    dropped: int = 0
+    """Records the broker refused as malformed (never resent)."""
 
 
 class AckFile:
     """The ``acked`` file: two slots written in turn, each with a generation and a CRC.
 
     A kill in the middle of a write can spoil only the slot being written; :meth:`read`
-    takes the valid slot with the newest generation.
+    takes the valid slot with the newest generation. Only the process that sends the log
+    writes it; its writer reads it to know what arrived.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -566,6 +634,11 @@ class AckFile:
         newest = _newest(data)
         return newest[1] if newest is not None else AckState()
 
+    @classmethod
+    def exists(cls, directory: Path) -> bool:
+        """Whether a sender ever began on the log (it writes the file before it sends)."""
+        return (directory / ACKED_NAME).exists()
+
     def write(self, state: AckState) -> None:
         """Record ``state`` (a store into the mapped file: no system call)."""
         if self._map is None:
@@ -575,7 +648,8 @@ class AckFile:
         slot = _ACKED_SLOT * (self._generation % 2)
         body = _ACKED.pack(
             _ACKED_MAGIC, self._generation, state.position, state.created_ns,
-            *state.events, *state.logs, 0,
+            *state.events, *state.logs, state.frames, state.delivered, state.resent,
+            state.found, state.dropped, 0,
         )  # fmt: skip
         crc = zlib.crc32(body[:-4])
         self._map[slot : slot + _ACKED.size] = body[:-4] + crc.to_bytes(4, "little")
@@ -603,10 +677,19 @@ class AckFile:
 
 
 def _newest(data: bytes) -> tuple[int, AckState] | None:
-    """The valid slot of an ``acked`` file with the newest generation, if any."""
+    """The valid slot of an ``acked`` file with the newest generation, if any.
+
+    A file of an earlier release (64-byte slots, no counts) is read too.
+    """
     best: tuple[int, AckState] | None = None
     for slot in (0, _ACKED_SLOT):
         found = _unpack(data[slot : slot + _ACKED.size])
+        if found is not None and (best is None or found[0] > best[0]):
+            best = found
+    if best is not None:
+        return best
+    for slot in (0, _ACKED_V1_SLOT):
+        found = _unpack_v1(data[slot : slot + _ACKED_V1.size])
         if found is not None and (best is None or found[0] > best[0]):
             best = found
     return best
@@ -615,7 +698,16 @@ def _newest(data: bytes) -> tuple[int, AckState] | None:
 def _unpack(data: bytes) -> tuple[int, AckState] | None:
     if len(data) < _ACKED.size:
         return None
-    magic, generation, at, created, ev_p, ev_o, log_p, log_o, crc = _ACKED.unpack(data)
+    magic, generation, at, created, ev_p, ev_o, log_p, log_o, *counts, crc = _ACKED.unpack(data)
     if magic != _ACKED_MAGIC or zlib.crc32(data[: _ACKED.size - 4]) != crc:
+        return None
+    return generation, AckState(at, created, (ev_p, ev_o), (log_p, log_o), *counts)
+
+
+def _unpack_v1(data: bytes) -> tuple[int, AckState] | None:
+    if len(data) < _ACKED_V1.size:
+        return None
+    magic, generation, at, created, ev_p, ev_o, log_p, log_o, crc = _ACKED_V1.unpack(data)
+    if magic != _ACKED_V1_MAGIC or zlib.crc32(data[: _ACKED_V1.size - 4]) != crc:
         return None
     return generation, AckState(at, created, (ev_p, ev_o), (log_p, log_o))

@@ -4,7 +4,7 @@ Log records travel in :class:`~rlpulse.schemas.records.LogBatch` messages: the f
 record of a logger shares (run id, rank, host, pid, producer id, tags) once, then the
 records' own fields as an array of ``LogEntry``. A record is encoded once, as its LogEntry's
 Avro body, on the caller's thread: those bytes are the write-ahead log's frame
-(:mod:`rlpulse.producers.delivery.wal`) and, unchanged, an item of the batch the sender thread
+(:mod:`rlpulse.producers.delivery.wal`) and, unchanged, an item of the batch the host's agent
 builds (:meth:`LogEncoder.batch` joins the shared head, the count and the entries). fastavro's
 ``schemaless_writer`` would take over 10 us a record, more than the ``logging`` call around
 it; :meth:`LogEncoder.entry` takes one or two (the stage/level/logger bytes of a record
@@ -109,7 +109,7 @@ class LogEncoder:
     """Encodes the log records of one :class:`LogSource`; ``max_text_bytes`` caps text fields.
 
     On the caller's thread a record becomes its LogEntry's Avro body (:meth:`entry`: what the
-    write-ahead log holds); the sender thread joins entries behind the shared head
+    write-ahead log holds); the host's agent joins entries behind the shared head
     (:meth:`batch`). Not thread-safe: its caller holds the logger's lock.
     """
 
