@@ -8,7 +8,9 @@ hosts over sockets: the host of rank 0 sends rank 0's list to one thread of ever
 of the run, which hands it to that host's other ranks. rlpulse owns poll -> broadcast call ->
 apply on every rank; the broadcast is the benchmark's, as it is the user's.
 
-Ranks log 16 metrics a step, one step every ``--step-s`` s; the worker runs the seed rules
+Ranks log 16 metrics a step, one step every ``--step-s`` s (1 s: a command issued for a
+step is applied at the next step's poll, so fan-out is about one step); the worker runs the
+seed rules
 plus a probe rule that answers every ``--probe-every``-th step with a command; KL passes 0.3
 ten steps before the end, so kl-guard stops every run. Scenarios (``--scenarios``):
 
@@ -22,10 +24,12 @@ ten steps before the end, so kl-guard stops every run. Scenarios (``--scenarios`
   none twice, while the host's other ranks train on.
 
 Each prints JSON lines: ``join`` (last rank's ``log()`` -> its StepSummary's emission,
-p50/p99), ``fanout`` (issued -> every rank applied, all at one step, p50/p99), ``stop`` (steps
-between kl-guard's due step and where it was applied), ``host`` (broker connections; CPU
-share and RSS of the agents, the host processes, the broker and the worker; the machine's
-busy share), ``kill`` (scenario c). Uses its own local broker (it measures the broker).
+p50/p99), ``fanout`` (issued -> every rank applied, all at one step, p50/p99; and its two
+parts: issued -> rank 0's next poll, the loop's own wait, and that poll -> every rank
+applied), ``stop`` (steps between kl-guard's due step and where it was applied), ``host``
+(broker connections; CPU share and RSS of the agents, the host processes, the broker and the
+worker; the machine's busy share), ``kill`` (scenario c). Uses its own local broker (it
+measures the broker).
 """
 
 from __future__ import annotations
@@ -244,6 +248,11 @@ def run_host(plan_file: Path, host: int) -> None:
         )
         for run, rank in plan.hosts[host]
     }  # fmt: skip
+    for (_run, rank), link in links.items():  # as a trainer does at its start: its agent runs
+        if rank == 0:
+            link.run_start(0)
+        else:
+            link.log({"up": 1.0}, 0, "setup")
     (Path(plan.out_dir) / f"ready-{host}").touch()
     go = Path(plan.go_file)
     while not go.exists():
@@ -251,6 +260,7 @@ def run_host(plan_file: Path, host: int) -> None:
     start = float(go.read_text())
     log_ns: dict[tuple[str, int], int] = {}
     applied: list[tuple[str, str, int, int, int]] = []
+    polled: dict[str, int] = {}
     lock = threading.Lock()
 
     def rank_loop(run: str, rank: int) -> None:
@@ -262,7 +272,10 @@ def run_host(plan_file: Path, host: int) -> None:
             now = time.time_ns()
             with lock:
                 log_ns[(run, step)] = max(log_ns.get((run, step), 0), now)
+            poll_ns = time.time_ns()
             for command in link.poll_commands(step=step):
+                if rank == 0:
+                    polled[command["command_id"]] = poll_ns
                 with lock:
                     applied.append((run, command["command_id"], step, rank, time.time_ns()))
                 link.ack(command, "applied", applied_at_step=step)
@@ -284,6 +297,7 @@ def run_host(plan_file: Path, host: int) -> None:
             {
                 "log_ns": [[run, step, ns] for (run, step), ns in log_ns.items()],
                 "applied": applied,
+                "polled": polled,
                 "rss_mb": _rss_mb(os.getpid()),
                 "cpu_s": cpu_s(os.getpid()),
                 "threads": peak_threads,
@@ -339,7 +353,7 @@ def agent_pids(spool: Path) -> list[int]:
     return pids
 
 
-@dataclass
+@dataclass(eq=False)
 class Sampler(threading.Thread):
     """Every second: CPU of named processes and groups, RSS, the broker's connections."""
 
@@ -596,10 +610,12 @@ def report(
         ack = codec.decode_ack(message.value() or b"")
         acks[ack["command_id"]] = message.timestamp()[1] * 1_000_000
     applied: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    polled: dict[str, int] = {}
     for output in outputs:
         for _run, command_id, step, rank, ns in output["applied"]:
             applied[command_id].append((rank, step, ns))
-    fanout_ms, ack_ms, split, partial = [], [], 0, 0
+        polled.update(output["polled"])
+    fanout_ms, ack_ms, wait_ms, spread_ms, split, partial = [], [], [], [], 0, 0
     for command_id, command in commands.items():
         got = applied.get(command_id, [])
         if len({rank for rank, _, _ in got}) < plan.ranks:
@@ -607,7 +623,11 @@ def report(
             continue
         if len({step for _, step, _ in got}) != 1:
             split += 1
-        fanout_ms.append((max(ns for _, _, ns in got) - command["issued_ns"]) / 1e6)
+        last = max(ns for _, _, ns in got)
+        fanout_ms.append((last - command["issued_ns"]) / 1e6)
+        if command_id in polled:  # the loop's own wait for its next step, then the rest
+            wait_ms.append((polled[command_id] - command["issued_ns"]) / 1e6)
+            spread_ms.append((last - polled[command_id]) / 1e6)
         if command_id in acks:
             ack_ms.append((acks[command_id] - command["issued_ns"]) / 1e6)
     emit(
@@ -617,6 +637,11 @@ def report(
         p99_ms=round(percentile(fanout_ms, 99), 1) if fanout_ms else None,
         ack_p50_ms=round(percentile(ack_ms, 50), 1) if ack_ms else None,
         ack_p99_ms=round(percentile(ack_ms, 99), 1) if ack_ms else None,
+        issued_to_next_poll_p50_ms=round(percentile(wait_ms, 50), 1) if wait_ms else None,
+        poll_to_every_rank_applied_p50_ms=round(percentile(spread_ms, 50), 1)
+        if spread_ms else None,
+        poll_to_every_rank_applied_p99_ms=round(percentile(spread_ms, 99), 1)
+        if spread_ms else None,
         target_p99_ms=2000, met=bool(fanout_ms) and percentile(fanout_ms, 99) < 2000,
     )  # fmt: skip
     due = plan.kl_from + 2
@@ -836,7 +861,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", default="a,b,c", help="a, b, c; comma-separated")
     parser.add_argument("--steps", type=int, default=40, help="steps of each run")
-    parser.add_argument("--step-s", type=float, default=2.0, help="seconds between steps")
+    parser.add_argument("--step-s", type=float, default=1.0, help="seconds between steps")
     parser.add_argument("--probe-every", type=int, default=5, help="a command every N steps")
     parser.add_argument("--partitions", type=int, default=12, help="of the run-keyed topics")
     parser.add_argument("--grace-s", type=float, default=30.0, help="the worker's grace")

@@ -7,10 +7,15 @@ or a replay, harmless), and which seq ranges are missing between 0 and the last 
 (lost). Records after a producer's last archived one cannot be told apart from records it
 never wrote, so a lost tail shows only once a later record arrives. Per run: the steps
 whose summary (latest revision) still misses ranks, and the dead letters keyed by the run.
-Per host: the clock offset, estimated from the records whose Kafka timestamp the broker set
-(``LogAppendTime``, as rlpulse creates its events and logs topics): the smallest
-``broker time - timestamp_ns`` seen, which is the host's lag behind the broker plus the
-fastest delivery (negative: the host is ahead).
+
+Per host: its clock against the brokers', as the host's agent measured it from its own
+deliveries and sent with the records (the ``clock_offset_ns`` and ``clock_error_ns`` columns,
+:mod:`rlpulse.schemas.clock`): of the run's records from the host, the estimate with the
+smallest error (of equal ones, the newest record's). The offset is what to add to the host's
+time to get the brokers': how far the host's clock is behind (negative: ahead), the same
+sign as ``HostClock.offset_ms`` always had. A host none of whose records carried an estimate
+(an older release, an agent cut short before its first delivery report) has none: there is
+one estimate of a host's clock, the one its readers order records by.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from rlpulse.archive.catalog import run_sql
 from rlpulse.archive.tables import run_partition
 from rlpulse.schemas.records import AuditReport, HostClock, SequenceGap
 
-__all__ = ["ProducerCount", "RunAudit", "audit_runs"]
+__all__ = ["ClockEstimate", "ProducerCount", "RunAudit", "audit_runs"]
 
 
 @dataclass(frozen=True)
@@ -50,12 +55,30 @@ class ProducerCount:
         return self.last_seq + 1 - self.distinct
 
 
+@dataclass(frozen=True)
+class ClockEstimate:
+    """One host's clock against the brokers': the best estimate its agent sent in the run."""
+
+    hostname: str
+    offset_ms: float
+    """Add it to the host's time to get the brokers': the host's clock is this far behind."""
+    error_ms: float
+    """The bound of the offset (half the round trip of the delivery it comes from)."""
+    records: int
+    """The host's records of the run that carried an estimate."""
+
+    def host_clock(self) -> HostClock:
+        """The estimate as the report carries it (no error: the report's schema has none)."""
+        return {"hostname": self.hostname, "offset_ms": self.offset_ms, "records": self.records}
+
+
 @dataclass
 class RunAudit:
-    """The audit of one run: the report published, and its producers in detail."""
+    """The audit of one run: the report published, its producers and host clocks in detail."""
 
     report: AuditReport
     producers: list[ProducerCount] = field(default_factory=list)
+    clocks: list[ClockEstimate] = field(default_factory=list)
 
 
 def _where(run_id: str | None) -> tuple[str, list[object]]:
@@ -67,11 +90,12 @@ def _where(run_id: str | None) -> tuple[str, list[object]]:
 def audit_runs(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> list[RunAudit]:
     """Audit ``run_id`` (default: every run in the archive), from the views of ``con``."""
     where, parameters = _where(run_id)
+    columns = (
+        "run_id, producer_id, seq, hostname, rank, timestamp_ns, clock_offset_ns, clock_error_ns"
+    )
     records = (
-        f"SELECT run_id, producer_id, seq, hostname, rank, timestamp_ns, kafka_timestamp_ms, "
-        f"kafka_timestamp_type FROM events WHERE {where} UNION ALL "
-        f"SELECT run_id, producer_id, seq, hostname, rank, timestamp_ns, kafka_timestamp_ms, "
-        f"kafka_timestamp_type FROM logs WHERE {where}"
+        f"SELECT {columns} FROM events WHERE {where} UNION ALL "
+        f"SELECT {columns} FROM logs WHERE {where}"
     )
     con.execute(f"CREATE OR REPLACE TEMP TABLE audit_records AS {records}", parameters * 2)
     _, producer_rows = run_sql(
@@ -90,9 +114,10 @@ def audit_runs(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> lis
     )
     _, clock_rows = run_sql(
         con,
-        "SELECT run_id, hostname, min(kafka_timestamp_ms * 1000000 - timestamp_ns) / 1e6, "
-        "count(*) FROM audit_records WHERE kafka_timestamp_type = 'log_append' "
-        "GROUP BY run_id, hostname ORDER BY run_id, hostname",
+        "SELECT run_id, hostname, "
+        "arg_min(clock_offset_ns, [clock_error_ns, -timestamp_ns]) / 1e6, "
+        "min(clock_error_ns) / 1e6, count(*) FROM audit_records "
+        "WHERE clock_offset_ns IS NOT NULL GROUP BY run_id, hostname ORDER BY run_id, hostname",
     )
     _, missing_rows = run_sql(
         con,
@@ -125,11 +150,9 @@ def audit_runs(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> lis
                 "last_seq": last,
             }
         )
-    clocks: dict[str, list[HostClock]] = {}
-    for run, host, offset, count in clock_rows:
-        clocks.setdefault(run, []).append(
-            {"hostname": host, "offset_ms": float(offset), "records": count}
-        )
+    clocks: dict[str, list[ClockEstimate]] = {}
+    for run, host, offset, error, count in clock_rows:
+        clocks.setdefault(run, []).append(ClockEstimate(host, offset, error, count))
     missing = {run: count for run, count in missing_rows}
     dead = {run: count for run, count in dead_rows}
     runs = sorted(set(producers) | set(missing) | set(dead))
@@ -151,11 +174,11 @@ def audit_runs(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> lis
             "gaps": gaps.get(run, []),
             "steps_with_missing_ranks": missing.get(run, 0),
             "dead_letters": dead.get(run, 0),
-            "clocks": clocks.get(run, []),
+            "clocks": [clock.host_clock() for clock in clocks.get(run, [])],
             "summary": "",
         }
         report["summary"] = summary_of(report)
-        audits.append(RunAudit(report, counts))
+        audits.append(RunAudit(report, counts, clocks.get(run, [])))
     return audits
 
 
@@ -182,7 +205,7 @@ def summary_of(report: AuditReport) -> str:
     if report["clocks"]:
         spread = [clock["offset_ms"] for clock in report["clocks"]]
         parts.append(
-            f"Host clocks behind the broker by {min(spread):.1f}..{max(spread):.1f} ms "
-            "(an upper bound: includes the fastest delivery)."
+            f"Host clocks behind the brokers' clock by {min(spread):.1f}..{max(spread):.1f} ms "
+            "(as the hosts' agents measured them)."
         )
     return " ".join(parts)

@@ -8,6 +8,10 @@ long), whose filters decide which files are read, and ``time``: the record's own
 UTC ``TIMESTAMP`` (``timestamp_ns``, ``emitted_ns``, ...). The session time zone is UTC, so
 ``time > now() - INTERVAL 1 HOUR`` means what it says.
 
+``time`` is the host's clock. Records of several hosts are put in order by
+:data:`CORRECTED_NS`, their time on the brokers' clock (``timestamp_ns`` plus the
+``clock_offset_ns`` the host's agent sent with them); :func:`corrected_window` selects by it.
+
 Each view is a pyarrow dataset registered with DuckDB, so local directories and any
 pyarrow filesystem read the same way (DuckDB needs no extension for S3), and filters on
 ``run``, ``date`` and the columns' statistics reach the scan. Files are discovered when the
@@ -26,13 +30,17 @@ import pyarrow.dataset as ds
 
 from rlpulse.archive.exceptions import ArchiveError, QueryError
 from rlpulse.archive.store import ArchiveStore
-from rlpulse.archive.tables import PARTITION_COLUMNS, Table, tables_of
+from rlpulse.archive.tables import PARTITION_COLUMNS, Table, day_of, tables_of
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ArchiveSettings
 
 __all__ = [
+    "CLOCK_SLACK_MS",
+    "CORRECTED_NS",
+    "CORRECTED_TIME",
     "VIEWS",
+    "corrected_window",
     "open_archive",
     "query_archive",
     "register_logs",
@@ -49,6 +57,17 @@ _VANISHED: Final = ("No such file", "during GetObject operation")
 object was gone at the request (``NO_SUCH_KEY``) or deleted while it streamed (S3Proxy then
 ends the response early: ``INTERNAL_FAILURE ... Failed to flush response stream``)."""
 _QUERY_ATTEMPTS: Final = 3
+CORRECTED_NS: Final = "(timestamp_ns + coalesce(clock_offset_ns, 0))"
+"""SQL: an event's or log record's time on the brokers' clock, in ns: its host's
+``timestamp_ns`` plus the offset the host's agent sent with it (the host's own time where none
+came). The one order of records from several hosts."""
+CORRECTED_TIME: Final = f"make_timestamp({CORRECTED_NS} // 1000)"
+"""SQL: :data:`CORRECTED_NS` as a UTC ``TIMESTAMP``: the views' ``time`` on the brokers' clock."""
+CLOCK_SLACK_MS: Final = 3_600_000
+"""How far :func:`corrected_window` looks beyond its bounds in the host's own time and in the
+``date`` partition (the broker's day): an hour. A record whose host's clock is further off
+the brokers', or that reached the broker later than that, is not found by a window."""
+_NS_PER_MS: Final = 1_000_000
 _HIVE: Final = ds.partitioning(pa.schema(list(PARTITION_COLUMNS)), flavor="hive")
 
 
@@ -76,6 +95,32 @@ def table_dataset(
         )
     except OSError as exc:
         raise ArchiveError(f"cannot read the archive at {store.root}: {exc}") from exc
+
+
+def corrected_window(
+    low_ns: int | None, high_ns: int | None, partitioned: bool = True
+) -> tuple[list[str], list[Any]]:
+    """SQL terms (joined with AND, they select by time) and their parameters.
+
+    :data:`CORRECTED_NS` within ``[low_ns, high_ns]`` (None: open on that side), for the
+    events or logs view. Each bound is also set, :data:`CLOCK_SLACK_MS` wider, on
+    ``timestamp_ns`` and (``partitioned``: a view over the archive's files) on ``date``: those
+    the scan prunes files and row groups by.
+    """
+    terms: list[str] = []
+    parameters: list[Any] = []
+    for bound_ns, compare, slack_ms in (
+        (low_ns, ">=", -CLOCK_SLACK_MS),
+        (high_ns, "<=", CLOCK_SLACK_MS),
+    ):
+        if bound_ns is None:
+            continue
+        terms += [f"{CORRECTED_NS} {compare} ?", f"timestamp_ns {compare} ?"]
+        parameters += [bound_ns, bound_ns + slack_ms * _NS_PER_MS]
+        if partitioned:
+            terms.append(f"date {compare} ?")
+            parameters.append(day_of(bound_ns // _NS_PER_MS + slack_ms))
+    return terms, parameters
 
 
 def _time(column: str) -> str:

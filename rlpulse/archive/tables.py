@@ -8,8 +8,13 @@ command action's parameters, becomes text: a string as itself, a number or boole
 
 - ``kafka_partition``, ``kafka_offset``;
 - ``kafka_timestamp_ms`` and ``kafka_timestamp_type`` (``log_append`` when the broker
-  stamped it, ``create`` when the producer did): the audit compares the broker's clock with
-  each host's through them;
+  stamped it, ``create`` when the producer did);
+- on the events and logs tables, ``clock_offset_ns`` and ``clock_error_ns``: the host
+  agent's estimate of its host's clock against the brokers' that came with the message (its
+  ``rlpulse-clock`` header, :mod:`rlpulse.schemas.clock`), null where it carried none (an
+  agent's first messages, older releases) or one that does not read; files written before
+  these columns existed read as null too. ``timestamp_ns + coalesce(clock_offset_ns, 0)`` is
+  a record's time on the brokers' clock, which orders records of several hosts;
 - ``decode_error`` and ``raw_value``: a message the archiver could not decode is kept as a
   row with only these and the Kafka columns set (the views show it among the dead letters).
 
@@ -33,11 +38,13 @@ import numpy as np
 import pyarrow as pa
 from fastavro import schemaless_reader
 
+from rlpulse.schemas.clock import CLOCK_HEADER, parse_clock_header
 from rlpulse.schemas.codec import HEADER_SIZE, MAGIC, Codec
 from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 
 __all__ = [
+    "CLOCK_COLUMNS",
     "KAFKA_COLUMNS",
     "PARTITION_COLUMNS",
     "BatchColumns",
@@ -56,6 +63,11 @@ KAFKA_COLUMNS: Final = (
     pa.field("kafka_timestamp_ms", pa.int64()),
     pa.field("kafka_timestamp_type", pa.string()),
 )
+CLOCK_COLUMNS: Final = (
+    pa.field("clock_offset_ns", pa.int64()),
+    pa.field("clock_error_ns", pa.int64()),
+)
+"""The host's clock against the brokers', from the message's header (events and logs only)."""
 PARTITION_COLUMNS: Final = (pa.field("date", pa.string()), pa.field("run", pa.string()))
 """The hive partition columns every table gets from its directories."""
 
@@ -253,6 +265,8 @@ class Table:
     convert: Callable[[Any], Any] | None = None
     batch_record: str | None = None
     """The Avro record that carries many of ``record`` in one message (``LogBatch``), if any."""
+    host_clock: bool = False
+    """Its messages come from a host agent, with its host's clock (:data:`CLOCK_COLUMNS`)."""
 
     def rows(
         self,
@@ -270,8 +284,9 @@ class Table:
         Arrow record batch, a row per record with the batch's shared fields, built column by
         column. ``timestamp`` is confluent-kafka's ``message.timestamp()`` pair (type, ms). The
         time (ms) is Kafka's timestamp, else the record's own time, else 0: its UTC date is the
-        rows' ``date`` partition, and retention goes by it. Never raises: a message that does
-        not decode becomes a ``decode_error`` row.
+        rows' ``date`` partition, and retention goes by it. ``headers``: the message's (a dead
+        letter's reason and source; the host's clock of the events and logs tables). Never
+        raises: a message that does not decode becomes a ``decode_error`` row.
         """
         kind, stamp = timestamp
         stamp_type = _TIMESTAMP_TYPES.get(kind)
@@ -282,6 +297,8 @@ class Table:
             )
             return [row], run, when
         kafka = _kafka(partition, offset, stamp_ms, stamp_type)
+        if self.host_clock:
+            kafka.update(_clock_columns(headers))
         data = value or b""
         try:
             batch = self._batch(codec, data)
@@ -380,6 +397,19 @@ def _kafka(
     }
 
 
+def _clock_columns(
+    headers: Sequence[tuple[str, bytes | str | None]] | None,
+) -> dict[str, int | None]:
+    """The :data:`CLOCK_COLUMNS` of a message with ``headers`` (null without a good header)."""
+    for name, value in headers or ():
+        if name == CLOCK_HEADER:
+            found = parse_clock_header(value)
+            if found is not None:
+                return {"clock_offset_ns": found[0], "clock_error_ns": found[1]}
+            break
+    return {"clock_offset_ns": None, "clock_error_ns": None}
+
+
 def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")
 
@@ -395,6 +425,8 @@ _RECORD_TABLES: Final = (
 )
 _BATCHES: Final = {"LogRecord": "LogBatch"}
 """The record that carries many of a table's records in one message."""
+_HOST_CLOCKED: Final = frozenset({"events", "logs"})
+"""The tables of the topics the host agents write: their messages carry the host's clock."""
 _DEAD_LETTER_SCHEMA: Final = pa.schema(
     [
         pa.field("run_id", pa.string()),
@@ -413,14 +445,18 @@ def tables_of(topics: Topics, codec: Codec) -> dict[str, Table]:
     for name, role, record, time_field in _RECORD_TABLES:
         avro = codec.registry.latest(record).parsed
         fields = [pa.field(f["name"], arrow_type(f["type"])) for f in avro["fields"]]
+        clock = name in _HOST_CLOCKED
         tables[name] = Table(
             name=name,
             topic=getattr(topics, role),
             record=record,
             time_field=time_field,
-            schema=pa.schema([*fields, *KAFKA_COLUMNS, *_UNDECODABLE]),
+            schema=pa.schema(
+                [*fields, *KAFKA_COLUMNS, *(CLOCK_COLUMNS if clock else ()), *_UNDECODABLE]
+            ),
             convert=_text_unions(avro),
             batch_record=_BATCHES.get(record),
+            host_clock=clock,
         )
     tables["dead_letters"] = Table(
         name="dead_letters",

@@ -22,6 +22,9 @@ def audit(
 ) -> None:
     """Per producer: records received, duplicates, missing seq ranges; per run and host too.
 
+    Per host: its clock against the brokers', as its agent measured it (the estimate with the
+    smallest error among the run's records).
+
     Exits 1 when records are lost, when --run names a run the archive holds no records of,
     and when the archive is not there.
     """
@@ -51,12 +54,16 @@ def audit(
         title="producers",
     )  # fmt: skip
     clocks = [
-        [result.report["run_id"], clock["hostname"], clock["offset_ms"], clock["records"]]
+        [result.report["run_id"], clock.hostname, clock.offset_ms, clock.error_ms, clock.records]
         for result in audits
-        for clock in result.report["clocks"]
+        for clock in result.clocks
     ]
     if clocks:
-        print_rows(["run", "host", "clock behind broker (ms)", "records"], clocks, title="clocks")
+        print_rows(
+            ["run", "host", "clock behind brokers (ms)", "± (ms)", "records with it"],
+            clocks,
+            title="host clocks, as their agents measured them",
+        )
     for result in audits:
         report = result.report
         style = "green" if report["ok"] else "bold red"

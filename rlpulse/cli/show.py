@@ -1,4 +1,8 @@
-"""``rlpulse show RUN --step N``: one step's whole context from the archive."""
+"""``rlpulse show RUN --step N``: one step's whole context from the archive.
+
+Times of events and log records are on the brokers' clock (each host's corrected by the
+offset its agent measured, which a line says per host), and log records come in that order.
+"""
 
 from __future__ import annotations
 
@@ -49,6 +53,16 @@ def _print(context: StepContext, margin: float) -> None:
         out.print(
             f"events from {utc_text(low)} to {utc_text(high)} "
             f"({(high - low) / 1e6:.1f} ms); log records within {margin:g} s of them",
+            highlight=False,
+        )
+    offsets = context.host_offsets()
+    if offsets:
+        out.print(
+            "times on the brokers' clock; host clocks behind it: "
+            + ", ".join(
+                f"{host} {'unknown (its own time)' if ns is None else f'{ns / 1e6:.1f} ms'}"
+                for host, ns in offsets.items()
+            ),
             highlight=False,
         )
     for summary in context.summaries.dicts():

@@ -6,6 +6,12 @@ only); the same SQL selects from both. Times are exact instants: a time with an 
 (``2025-10-01T08:00:00+02:00``, ``...Z``) means what it says, a time without one is read in
 the zone given (UTC unless told otherwise), and everything printed is UTC.
 
+A record's time is its host's ``timestamp_ns`` corrected by the clock offset its host agent
+sent with it (:data:`~rlpulse.archive.catalog.CORRECTED_NS`: the brokers' clock, so that
+records of several hosts come in the order they happened): the window selects by it, records
+come in its order, and ``time`` shows it; ``timestamp_ns`` and ``clock_offset_ns`` stay in
+the CSV. The per-rank files carry no offset: there it is the host's own time.
+
 The summary: counts by level and by host, the first and last record, and the most frequent
 messages with numbers, hex ids and UUIDs folded together (``step <n> took <n> s``), each
 with its count and first and last time.
@@ -28,9 +34,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import duckdb
 import pyarrow as pa
 
-from rlpulse.archive.catalog import register_logs, run_sql
+from rlpulse.archive.catalog import CORRECTED_NS, corrected_window, register_logs, run_sql
 from rlpulse.archive.exceptions import QueryError
-from rlpulse.archive.tables import Table, day_of, run_partition
+from rlpulse.archive.tables import Table, run_partition
 from rlpulse.schemas.jsonl import LOG_KIND, MalformedLine, read_json_lines
 
 __all__ = [
@@ -65,13 +71,14 @@ CSV_COLUMNS: Final = (
     "producer_id",
     "seq",
     "timestamp_ns",
+    "clock_offset_ns",
 )
-"""The columns of ``diagnose --output`` (``time`` is UTC, ISO 8601)."""
+"""The columns of ``diagnose --output``: ``time`` is UTC, ISO 8601, on the brokers' clock
+(``timestamp_ns``, the host's, plus ``clock_offset_ns``, empty where none came)."""
 
 LEVELS: Final = {"DEBUG": 10, "INFO": 20, "WARN": 30, "WARNING": 30, "ERROR": 40}
 LEVELS_ALSO: Final = {"CRITICAL": 50, "FATAL": 50}
 _NS: Final = 1_000_000_000
-_MS_PER_HOUR: Final = 3_600_000
 _UUID: Final = re.compile(
     r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
 )
@@ -146,7 +153,9 @@ class LogFilter:
     """Which records to select; every field left empty selects everything."""
 
     start_ns: int | None = None
+    """From this time on (the brokers' clock: a record's corrected time)."""
     end_ns: int | None = None
+    """Up to this time (inclusive)."""
     min_level: int | None = None
     hosts: tuple[str, ...] = ()
     """Host names or IP addresses."""
@@ -159,20 +168,7 @@ class LogFilter:
 
     def where(self, partitioned: bool) -> tuple[str, list[Any]]:
         """The SQL condition and its parameters; ``partitioned``: prune by date and run too."""
-        terms: list[str] = []
-        parameters: list[Any] = []
-        if self.start_ns is not None:
-            terms.append("timestamp_ns >= ?")
-            parameters.append(self.start_ns)
-            if partitioned:  # the directory's date is the broker's: allow an hour of skew
-                terms.append("date >= ?")
-                parameters.append(day_of(self.start_ns // 1_000_000 - _MS_PER_HOUR))
-        if self.end_ns is not None:
-            terms.append("timestamp_ns <= ?")
-            parameters.append(self.end_ns)
-            if partitioned:
-                terms.append("date <= ?")
-                parameters.append(day_of(self.end_ns // 1_000_000 + _MS_PER_HOUR))
+        terms, parameters = corrected_window(self.start_ns, self.end_ns, partitioned)
         if self.min_level is not None:
             terms.append("levelno >= ?")
             parameters.append(self.min_level)
@@ -210,18 +206,22 @@ class LogFilter:
 def select_records(
     con: duckdb.DuckDBPyConnection, chosen: LogFilter, partitioned: bool
 ) -> list[dict[str, Any]]:
-    """The records of ``con``'s ``logs`` view that ``chosen`` selects, oldest first."""
+    """The records of ``con``'s ``logs`` view that ``chosen`` selects, oldest first.
+
+    Each has the :data:`CSV_COLUMNS` and ``corrected_ns``, its time on the brokers' clock.
+    """
     where, parameters = chosen.where(partitioned)
     columns = ", ".join(column for column in CSV_COLUMNS if column != "time")
     names, rows = run_sql(
         con,
-        f"SELECT {columns} FROM logs WHERE {where} ORDER BY timestamp_ns, producer_id, seq",
+        f"SELECT {columns}, {CORRECTED_NS} AS corrected_ns FROM logs WHERE {where} "
+        "ORDER BY corrected_ns, producer_id, seq",
         parameters,
     )
     records = []
     for row in rows:
         record = dict(zip(names, row, strict=True))
-        record["time"] = iso_utc(record["timestamp_ns"])
+        record["time"] = iso_utc(record["corrected_ns"])
         records.append(record)
     return records
 
@@ -256,11 +256,14 @@ class LogSummary:
 
 
 def summarize(records: Sequence[dict[str, Any]], top: int = 10) -> LogSummary:
-    """Counts by level and host, first and last, and the ``top`` most frequent messages."""
+    """Counts by level and host, first and last, and the ``top`` most frequent messages.
+
+    Times are the records' ``corrected_ns`` (see :func:`select_records`).
+    """
     summary = LogSummary(records=len(records))
     patterns: dict[str, Pattern] = {}
     for record in records:
-        stamp = record["timestamp_ns"]
+        stamp = record["corrected_ns"]
         summary.by_level[record["level"]] += 1
         ip = record.get("host_ip")
         summary.by_host[f"{record['hostname']} ({ip})" if ip else record["hostname"]] += 1

@@ -5,6 +5,11 @@ log record of the run between the step's first and last event (widened by a marg
 what explains a step is often logged just before or after it), the commands issued for the
 step or applied at it, their acks, and the verdicts on commands issued, applied or decided
 at it (one row per verdict id).
+
+Events and log records come from several hosts: their ``time`` is on the brokers' clock (the
+host's ``timestamp_ns`` corrected by the offset its agent sent,
+:data:`~rlpulse.archive.catalog.CORRECTED_NS`), the log records are in that order, and the
+step's window is taken in it; ``timestamp_ns`` and ``clock_offset_ns`` keep what the host said.
 """
 
 from __future__ import annotations
@@ -14,13 +19,11 @@ from typing import Any
 
 import duckdb
 
-from rlpulse.archive.catalog import run_sql
+from rlpulse.archive.catalog import CORRECTED_NS, CORRECTED_TIME, corrected_window, run_sql
 from rlpulse.archive.exceptions import QueryError
-from rlpulse.archive.tables import day_of, run_partition
+from rlpulse.archive.tables import run_partition
 
 __all__ = ["Rows", "StepContext", "step_context"]
-
-_MS_PER_HOUR = 3_600_000
 
 
 @dataclass
@@ -48,7 +51,22 @@ class StepContext:
     acks: Rows
     verdicts: Rows
     window_ns: tuple[int, int] | None
-    """The first and last event of the step (before the margin), if any arrived."""
+    """The first and last event of the step (before the margin), if any arrived: its metrics
+    and log events on the brokers' clock, else (none archived) what its summaries say, which
+    is the hosts' own times."""
+
+    def host_offsets(self) -> dict[str, int | None]:
+        """Each host of the step's events and log records, and its clock offset in ns.
+
+        The offset is one its records carried (added to its times); None where none did.
+        """
+        offsets: dict[str, int | None] = {}
+        for part in (self.metrics, self.logs):
+            for row in part.dicts():
+                offset = row["clock_offset_ns"]
+                if offset is not None or row["hostname"] not in offsets:
+                    offsets[row["hostname"]] = offset
+        return dict(sorted(offsets.items()))
 
 
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, parameters: list[Any]) -> Rows:
@@ -71,30 +89,35 @@ def step_context(
     )
     metrics = _rows(
         con,
-        "SELECT stage, rank, hostname, pid, time, metrics, timestamp_ns FROM events "
-        f"WHERE {where} AND kind = 'metrics' ORDER BY stage, rank, timestamp_ns",
+        f"SELECT stage, rank, hostname, pid, {CORRECTED_TIME} AS time, metrics, timestamp_ns, "
+        f"clock_offset_ns, {CORRECTED_NS} AS corrected_ns FROM events "
+        f"WHERE {where} AND kind = 'metrics' ORDER BY stage, rank, corrected_ns",
         [*run, step],
     )
-    stamps = [row[-1] for row in metrics.rows]
-    for summary in summaries.dicts():
-        stamps += [summary["first_event_ns"], summary["last_event_ns"]]
-    window = (min(stamps), max(stamps)) if stamps else None
+    _, ((first, last),) = run_sql(
+        con,
+        f"SELECT min({CORRECTED_NS}), max({CORRECTED_NS}) FROM events "
+        f"WHERE {where} AND kind IN ('metrics', 'log')",  # what the step joiner joins
+        [*run, step],
+    )
+    if first is not None:
+        window: tuple[int, int] | None = (first, last)
+    else:  # no event archived (retention, another archive): what the summaries say
+        stamps = [
+            s[name] for s in summaries.dicts() for name in ("first_event_ns", "last_event_ns")
+        ]
+        window = (min(stamps), max(stamps)) if stamps else None
     logs = Rows()
     if window is not None:
         margin = round(margin_s * 1e9)
-        low, high = window[0] - margin, window[1] + margin
+        terms, bounds = corrected_window(window[0] - margin, window[1] + margin)
         logs = _rows(
             con,
-            "SELECT time, level, hostname, rank, pid, step, logger, message, exception, "
-            "trace_id FROM logs WHERE run = ? AND run_id = ? AND timestamp_ns BETWEEN ? AND ? "
-            "AND date BETWEEN ? AND ? ORDER BY timestamp_ns, producer_id, seq",
-            [
-                *run,
-                low,
-                high,
-                day_of(low // 1_000_000 - _MS_PER_HOUR),
-                day_of(high // 1_000_000 + _MS_PER_HOUR),
-            ],
+            f"SELECT {CORRECTED_TIME} AS time, level, hostname, rank, pid, step, logger, "
+            "message, exception, trace_id, timestamp_ns, clock_offset_ns FROM logs "
+            f"WHERE run = ? AND run_id = ? AND {' AND '.join(terms)} "
+            f"ORDER BY {CORRECTED_NS}, producer_id, seq",
+            [*run, *bounds],
         )
     # A command issued for another step (a rule's, seen late; an operator's, step -1) and
     # applied at this one belongs here too: its ack is shown, so is what it acknowledges.

@@ -2,8 +2,8 @@
 
 Every version of each Avro schema and the codec (:mod:`.codec`, :mod:`.records`), topic
 names (:mod:`.topics`), the one validation of an event (:mod:`.validation`), command
-signing (:mod:`.signing`), the action contract (:mod:`.actions`) and the trainers'
-per-rank JSON Lines files (:mod:`.jsonl`).
+signing (:mod:`.signing`), the action contract (:mod:`.actions`), the trainers'
+per-rank JSON Lines files (:mod:`.jsonl`) and the host clock header (:mod:`.clock`).
 """
 
 # `schemas/` at the repository root is a link to this folder (docs/design.md, "Layout"):

@@ -427,7 +427,9 @@ class RunData:
     def step(self, run_id: str, step: int, margin_s: float = 2.0) -> dict[str, Any]:
         """Everything about one step: summaries, ranks' metrics, logs, commands, acks, verdicts.
 
-        Log records come most severe first, then in time order.
+        Times of events and log records are on the brokers' clock (``timestamp_ns`` and
+        ``clock_offset_ns`` keep the host's; ``clocks``: each host's offset in ns, None where
+        unknown). Log records come most severe first, then in that time's order.
         """
         with self._lock:
             try:
@@ -450,6 +452,7 @@ class RunData:
                 "commands": _distinct(context.commands.dicts(), ("command_id",)),
                 "acks": _distinct(context.acks.dicts(), ("command_id", "status")),
                 "verdicts": _distinct(context.verdicts.dicts(), ("command_id",)),
+                "clocks": context.host_offsets(),
             }
         )
         return answer

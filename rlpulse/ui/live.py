@@ -208,6 +208,7 @@ class LiveTail:
                 message.partition(),
                 message.offset(),
                 message.timestamp(),
+                message.headers(),
             )
             if isinstance(rows, list) and rows and rows[0].get("decode_error"):
                 continue

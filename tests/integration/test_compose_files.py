@@ -78,3 +78,29 @@ def test_docker_compose_validates_the_stack() -> None:
         "opensearch-dashboards",
         "indexer",
     }
+
+
+def test_systemd_checks_the_agent_s_unit(tmp_path: Path) -> None:
+    """The unit is a template (``rlpulse-agent@USER``): checked as an instance of it."""
+    instance = tmp_path / "rlpulse-agent@root.service"
+    instance.write_text((COMPOSE / "agent" / "rlpulse-agent@.service").read_text())
+    run("systemd-analyze", "verify", str(instance), cwd=tmp_path)
+    text = instance.read_text()
+    assert "ExecStart=/usr/bin/env rlpulse agent" in text
+    assert "Environment=RLPULSE_AGENT__IDLE_EXIT_S=0" in text  # systemd keeps it up
+
+
+def test_the_agent_s_daemonset_shares_the_spool_and_the_node_s_name_with_the_ranks() -> None:
+    """What docs/worker.md says the DaemonSet needs to serve the training pods' logs."""
+    daemonset = yaml.safe_load((COMPOSE / "agent" / "daemonset.yaml").read_text())
+    pod = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    env = {item["name"]: item for item in container["env"]}
+    spool = env["RLPULSE_PRODUCER__SPOOL_DIR"]["value"]
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == spool]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"]["path"] == spool  # the training pods mount the same path
+    host = env["RLPULSE_PRODUCER__HOSTNAME"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert host == "spec.nodeName"
+    assert env["RLPULSE_AGENT__IDLE_EXIT_S"]["value"] == "0"
+    assert pod["hostPID"] is True and container["command"] == ["rlpulse", "agent"]

@@ -414,4 +414,4 @@ def assert_archived_once(
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert audit.returncode == 0, audit.stdout + audit.stderr
-    assert "0 lost, 0 duplicates" in audit.stdout, audit.stdout
+    assert "0 lost, 0 duplicates" in " ".join(audit.stdout.split()), audit.stdout

@@ -44,14 +44,20 @@ def tables() -> dict[str, Table]:
 
 
 def buffered(
-    table: Table, partition: int, records: list[tuple[int, dict[str, Any], int]]
+    table: Table,
+    partition: int,
+    records: list[tuple[int, dict[str, Any], int]],
+    headers: list[tuple[str, bytes]] | None = None,
 ) -> PartitionBuffer:
-    """A buffer of (offset, record, kafka ms) encoded and read back as the archiver does."""
+    """A buffer of (offset, record, kafka ms) encoded and read back as the archiver does.
+
+    ``headers``: every message's (none by default).
+    """
     codec = default_codec()
     buffer = PartitionBuffer(table, partition, 0.0)
     for offset, record, stamp in records:
         data = codec.encode(table.record or "", record)
-        rows, run, stamp_ms = table.rows(codec, b"k", data, partition, offset, (2, stamp))
+        rows, run, stamp_ms = table.rows(codec, b"k", data, partition, offset, (2, stamp), headers)
         buffer.add(rows, run, offset, len(data), stamp_ms)
     return buffer
 
@@ -197,6 +203,7 @@ def test_undecodable_messages_are_kept_as_dead_letters(tmp_path: Path) -> None:
 
 
 def test_the_audit_finds_gaps_duplicates_and_clock_offsets(tmp_path: Path) -> None:
+    """The clock is the agent's estimate with the smallest error, not the Kafka timestamps'."""
     store = ArchiveStore(str(tmp_path))
     event = {
         **SAMPLES["TrainerEvent"],
@@ -206,8 +213,8 @@ def test_the_audit_finds_gaps_duplicates_and_clock_offsets(tmp_path: Path) -> No
     log = {**SAMPLES["LogRecord"], "producer_id": "p-a", "timestamp_ns": NOW_MS * 10**6 - 9 * 10**6}
     flush(store, buffered(tables()["events"], 0, [
         (o, {**event, "seq": seq}, NOW_MS) for o, seq in enumerate([0, 1, 2, 6, 7, 7])
-    ]))  # fmt: skip
-    flush(store, buffered(tables()["logs"], 0, [(0, {**log, "seq": 3}, NOW_MS)]))
+    ], [("rlpulse-clock", b"4000000/300000")]))  # fmt: skip
+    flush(store, buffered(tables()["logs"], 0, [(0, {**log, "seq": 3}, NOW_MS)]))  # no estimate
     con = open_archive(str(tmp_path), TOPICS)
     (audit,) = audit_runs(con, "run-1")
     report = audit.report
@@ -218,7 +225,8 @@ def test_the_audit_finds_gaps_duplicates_and_clock_offsets(tmp_path: Path) -> No
         1,
     )
     assert [(g["first_seq"], g["last_seq"]) for g in report["gaps"]] == [(4, 5)]
-    assert report["clocks"] == [{"hostname": "node-7", "offset_ms": 5.0, "records": 7}]
+    assert report["clocks"] == [{"hostname": "node-7", "offset_ms": 4.0, "records": 6}]
+    assert [(c.offset_ms, c.error_ms) for c in audit.clocks] == [(4.0, 0.3)]
     assert "Producer p-a (rank 3 on node-7) is missing seq 4..5." in report["summary"]
     assert (
         audit_runs(con, "run-unknown")[0].report["summary"]

@@ -189,6 +189,7 @@ class EventLogger:
         self._not_written = 0
         self._closed = False
         self._final: AckState | None = None
+        self._no_agent = ""
         self._seq = 0
 
     @property
@@ -660,23 +661,30 @@ class EventLogger:
         )  # fmt: skip
         try:
             self._bell = AgentBell(place)
-        except OSError as exc:
-            self._warn_once(
-                "agent-place", "run %s: the host's agent cannot run from %s (%s); records "
-                "wait in %s for `rlpulse spool send`", self.run_id, place.directory,
-                exc.strerror or exc, self.wal_dir,
-            )  # fmt: skip
+        except OSError as exc:  # said once the log is written (else the log's error says it)
+            self._no_agent = f"{place.directory}: {exc.strerror or exc}"
         bell = self._bell
         self._writer = WalWriter(
             meta,
             segment_bytes=producer_settings.spool_file_bytes,
             max_bytes=producer_settings.spool_max_bytes,
-            on_first_segment=None if bell is None else partial(bell.register, self.wal_dir),
+            on_first_segment=partial(self._told_agent, bell),
         )
-        self._watch = watch_agent(place, self.settings, start_detached)
+        if bell is not None:
+            self._watch = watch_agent(place, self.settings, start_detached)
         self._at_exit = partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
         return self._writer
+
+    def _told_agent(self, bell: AgentBell | None) -> None:
+        """The log's first segment exists: tell the agent, or say once that none can run."""
+        if bell is not None:
+            bell.register(self.wal_dir)
+        else:
+            self._warn_once(
+                "agent-place", "run %s: the host's agent cannot run (%s); records wait in %s "
+                "for `rlpulse spool send`", self.run_id, self._no_agent, self.wal_dir,
+            )  # fmt: skip
 
 
 def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from rlpulse.producers.delivery.agent_place import (
     AGENTS_DIR,
@@ -204,11 +204,22 @@ class HostAgent:
             self.place.prefix,
             PROTOCOL,
         )
+        self._connect()
         try:
             self._loop()
         finally:
             self._leave()
         return 0
+
+    def _connect(self) -> None:
+        """Connect both producers before the first message (Kafka down: 2 s more at start).
+
+        The first deliveries' round trips then measure the clock, not the connection.
+        """
+        producers = self._producers_now()
+        for producer in (producers.events, producers.logs):
+            with contextlib.suppress(KafkaException):
+                producer.list_topics(f"{self.place.prefix}.events", timeout=1.0)
 
     # -- the loop -----------------------------------------------------------------------
 

@@ -6,22 +6,21 @@ appended at broker time ``b``, somewhere between the two, so the host's clock is
 broker's by ``b - (t0 + t1) / 2``, give or take half the round trip. :class:`ClockOffset`
 keeps, of the samples of the last :data:`WINDOW_S`, the one with the shortest round trip.
 
-The agent sends the estimate with every message it sends, in the :data:`CLOCK_HEADER`
-header (``<offset ns>/<error ns>``): readers order one step's records from several hosts by
-``timestamp_ns + offset`` (:func:`corrected_ns`), which is the broker's clock for all of them.
+The agent sends the estimate with every message it sends, in the
+:data:`~rlpulse.schemas.clock.CLOCK_HEADER` header (``<offset ns>/<error ns>``): readers
+order one step's records from several hosts by ``timestamp_ns + offset``
+(:func:`~rlpulse.schemas.clock.corrected_ns`), which is the broker's clock for all of them.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Final
 
-__all__ = ["CLOCK_HEADER", "WINDOW_S", "ClockOffset", "corrected_ns", "parse_clock_header"]
+from rlpulse.schemas.clock import CLOCK_HEADER
 
-CLOCK_HEADER: Final = "rlpulse-clock"
-"""Header of every message the agent sends once it has an estimate: ``<offset>/<error>`` in
-nanoseconds; the offset is what to add to the host's timestamps to get the broker's clock."""
+__all__ = ["CLOCK_HEADER", "WINDOW_S", "ClockOffset"]
+
 WINDOW_S: Final = 300.0
 """How far back the samples reach: a clock that drifts is followed within this time."""
 _MAX_SAMPLES: Final = 256
@@ -59,24 +58,3 @@ class ClockOffset:
         if best_offset != self.offset_ns or error != self.error_ns:
             self.offset_ns, self.error_ns = best_offset, error
             self.header = f"{best_offset}/{error}".encode()
-
-    def now_ns(self) -> int:
-        """The brokers' time now, as this host estimates it (the host's own without one)."""
-        return corrected_ns(time.time_ns(), self.offset_ns)
-
-
-def corrected_ns(timestamp_ns: int, offset_ns: int | None) -> int:
-    """A host's timestamp on the brokers' clock (unchanged when the offset is not known)."""
-    return timestamp_ns if offset_ns is None else timestamp_ns + offset_ns
-
-
-def parse_clock_header(value: bytes | str | None) -> tuple[int, int] | None:
-    """``(offset ns, error ns)`` from a :data:`CLOCK_HEADER` value; None if absent or bad."""
-    if value is None:
-        return None
-    text = value.decode(errors="replace") if isinstance(value, bytes) else value
-    offset, _, error = text.partition("/")
-    try:
-        return int(offset), int(error or 0)
-    except ValueError:
-        return None

@@ -298,7 +298,7 @@ class Archiver:
                 partition,
                 offset,
                 message.timestamp(),
-                _headers(message) if table.record is None else None,
+                _headers(message) if table.record is None or table.host_clock else None,
             )
             buffer.add(rows, run, offset, len(value) if value else 0, stamp_ms)
             if not isinstance(rows, list):  # a batch of log records
