@@ -225,3 +225,37 @@ writer.append(1, 0, b"x")
 print("held", flush=True)
 time.sleep(60)
 """
+
+
+def test_a_header_read_before_its_kind_and_seq_were_written_is_not_a_frame(
+    tmp_path: Path,
+) -> None:
+    """Another process may read a frame while it is written: with the length and CRC there
+    but the kind and seq still zero it must read as the end (the CRC covers them), not as a
+    frame of kind 0; once whole it reads as itself."""
+    directory = tmp_path / "log"
+    writer = a_writer(directory)
+    writer.append(EVENT, 0, b"first")
+    writer.append(EVENT, 7, b"second")
+    data = writer._map
+    assert data is not None
+    second = HEADER.size + len(b"first")
+    kind_seq = bytes(data[second + 8 : second + HEADER.size])
+    data[second + 8 : second + HEADER.size] = b"\x00" * 9  # not written yet
+    assert [seq for seq, _ in read_all(directory)] == [0]
+    data[second + 8 : second + HEADER.size] = kind_seq
+    assert [seq for seq, _ in read_all(directory)] == [0, 7]
+    writer.close()
+
+
+def test_a_log_of_an_earlier_protocol_is_read_with_its_own_crc(tmp_path: Path) -> None:
+    """Protocols 1 and 2: a CRC of the payload alone."""
+    directory = tmp_path / "log"
+    directory.mkdir()
+    payload = b"an event of the earlier release"
+    frame = HEADER.pack(len(payload), zlib.crc32(payload), EVENT, 4) + payload
+    (directory / "000001.wal").write_bytes(frame.ljust(4096, b"\x00"))
+    reader = WalReader(directory, protocol=2)
+    assert [(frame.seq, frame.payload) for frame in reader.frames(0)] == [(4, payload)]
+    reader.close()
+    assert read_all(directory) == []  # read as this protocol, its CRC does not hold

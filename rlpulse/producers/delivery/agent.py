@@ -9,9 +9,10 @@ producers (:class:`~rlpulse.producers.delivery.shipper.Producers`), each log thr
 only append; none holds a producer.
 
 How it learns of new frames: a writer that finds the agent asleep wakes it through a FIFO
-(:class:`~rlpulse.producers.delivery.agent_place.AgentBell`); awake, the agent looks at every log
-it serves each time it wakes: every 5 ms while messages wait for Kafka's acknowledgement,
-at the end of a log's linger while it holds log records, at once for an event. Asleep, it
+(:class:`~rlpulse.producers.delivery.agent_place.AgentBell`); the agent looks at every log it
+serves each time it wakes: at once for an event, at the end of a log's linger while it holds
+log records, and when delivery reports come (a thread per producer waits for them in
+librdkafka and wakes the loop: nothing spins while messages wait for Kafka). Asleep, it
 looks every ``agent.look_interval_s`` (a wake lost to a race costs that much) and lists the
 spool every ``agent.rescan_s`` for logs no writer told it of.
 
@@ -76,9 +77,14 @@ log = logging.getLogger(__name__)
 
 AGENT_VERSION: Final = 1
 """The version of this agent's ``agent.json`` and ``status.json``."""
-TICK_S: Final = 0.005
-"""How often an agent with messages in flight looks for delivery reports and new frames."""
 STATUS_EVERY_S: Final = 2.0
+"""How often the agent looks for trouble to report (``status.json`` is written on a change)."""
+STATUS_WRITE_S: Final = 30.0
+"""How often ``status.json`` is written even when nothing changed (its ``updated_ns``)."""
+GATHER_S: Final = 0.002
+"""After a wake, how long the agent lets the burst it belongs to gather (the ranks of a step
+log within milliseconds, delivery reports come in bunches): one look serves them all.
+librdkafka holds a message ``producer.linger_ms`` (5 ms) anyway."""
 _LOCK_TRIES_S: Final = 1.0
 
 
@@ -124,8 +130,11 @@ class HostAgent:
         self._read_back_diagnostics = ClientDiagnostics(f"read-back of {place.host}", settings)
         self._claim: WalClaim | None = None
         self._ear: int | None = None
+        self._reports_r: int | None = None
+        self._reports_w: int | None = None
         self._state: mmap.mmap | None = None
-        self._check_now: set[Path] = set()
+        self._status_logs: set[Path] = set()
+        self._status_at = -STATUS_WRITE_S
         self._pending_lines = b""
         agent = settings.agent
         self._linger_s = settings.producer.batch_linger_ms / 1000
@@ -259,12 +268,8 @@ class HostAgent:
             self._sleep(now, min(next_scan, next_check, next_status))
 
     def _sleep(self, now: float, next_task: float) -> None:
-        """Sleep until a wake, the next due linger or task; the writers know how to wake it."""
+        """Sleep until a wake (a writer's, a delivery report's), the next due linger or task."""
         assert self._state is not None
-        in_flight = any(served.shipper.in_flight for served in self.served.values())
-        if in_flight:
-            self._wait(min(TICK_S, max(0.0, next_task - now)))
-            return
         due = min(
             (at for served in self.served.values() if (at := served.shipper.due_at) is not None),
             default=None,
@@ -286,9 +291,8 @@ class HostAgent:
         self._state[0] = AWAKE
 
     def _step(self, now: float, flush: bool) -> bool:
-        """Serve delivery reports; let every log send; True if anything was produced."""
+        """Let every log settle what arrived and send; True if anything was produced."""
         producers = self._producers_now()
-        producers.poll()
         sent = False
         for served in self.served.values():
             try:
@@ -346,7 +350,6 @@ class HostAgent:
         shipper = LogShipper(
             meta,
             claim,
-            self._read_back_consumer,
             batch_max_bytes=self.settings.logging.batch_max_bytes,
             linger_s=self._linger_s,
             clock=self.clock,
@@ -419,7 +422,9 @@ class HostAgent:
             self._producers = Producers(
                 trainer_producer(self.settings, f"{label} (events)", self._diagnostics),
                 trainer_producer(self.settings, f"{label} (logs)", self._diagnostics),
+                self._read_back_consumer,
             )
+            self._producers.report_in_background(self._reports_arrived)
         return self._producers
 
     def _read_back_consumer(self) -> Consumer:
@@ -444,13 +449,18 @@ class HostAgent:
                     why = missing_topic(topic)
             cause = self._diagnostics.cause()
             problem = f"records cannot be delivered: {why}" + (f" ({cause})" if cause else "")
-        if problem != self.problem:
+        changed = problem != self.problem
+        if changed:
             if problem is not None:
                 log.warning("%s; they wait in the write-ahead logs", problem)
             elif self.problem is not None:
                 log.info("Kafka takes records again; sending what waited")
             self.problem = problem
-        write_json(self.place.status, self.status())
+        served = set(self.served)
+        now = time.monotonic()
+        if changed or served != self._status_logs or now - self._status_at >= STATUS_WRITE_S:
+            write_json(self.place.status, self.status())
+            self._status_logs, self._status_at = served, now
 
     def status(self) -> dict[str, object]:
         """What the agent serves now (``status.json``)."""
@@ -476,7 +486,14 @@ class HostAgent:
 
     # -- the wake -----------------------------------------------------------------------
 
+    def _reports_arrived(self) -> None:
+        """A report thread served delivery reports: wake the loop to settle them."""
+        if self._reports_w is not None:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._reports_w, b"\n")
+
     def _open_ear(self) -> None:
+        self._reports_r, self._reports_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._ear = os.open(self.place.wake, os.O_RDWR | os.O_NONBLOCK)
         descriptor = os.open(self.place.state, os.O_RDWR)
         try:
@@ -487,9 +504,14 @@ class HostAgent:
 
     def _wait(self, timeout_s: float) -> None:
         """Wait for a wake (or ``timeout_s``); take the logs new writers announced."""
-        assert self._ear is not None
+        assert self._ear is not None and self._reports_r is not None
         if timeout_s > 0:
-            select.select([self._ear], [], [], timeout_s)
+            ready, _, _ = select.select([self._ear, self._reports_r], [], [], timeout_s)
+            if ready and self._state is not None:
+                self._state[0] = AWAKE  # the burst's other records need not wake it again
+                time.sleep(GATHER_S)
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._reports_r, 65536)
         chunks = [self._pending_lines]
         while True:
             try:
@@ -513,6 +535,7 @@ class HostAgent:
         """Release every log (what was not sent stays), then the agent's lock."""
         if self._producers is not None:
             self._producers.purge()
+            self._producers.close()
         kept = 0
         for served in self.served.values():
             served.shipper.settle()
@@ -530,9 +553,10 @@ class HostAgent:
             )
         self.served.clear()
         self._report_final()
-        if self._ear is not None:
-            os.close(self._ear)
-            self._ear = None
+        for descriptor in (self._ear, self._reports_r, self._reports_w):
+            if descriptor is not None:
+                os.close(descriptor)
+        self._ear = self._reports_r = self._reports_w = None
         if self._claim is not None:
             self._claim.release()
             self._claim = None

@@ -123,17 +123,28 @@ class AgentPlace:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not self.description.exists():
             write_json(self.description, self.describe())
-        with contextlib.suppress(FileExistsError):
-            descriptor = os.open(self.state, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(descriptor, _STATE_BYTES)
-            finally:
-                os.close(descriptor)
+        if not self.state.exists():
+            self._make_state()
         try:
             os.mkfifo(self.wake, 0o600)
         except FileExistsError:
             if not stat.S_ISFIFO(os.stat(self.wake).st_mode):
                 raise OSError(errno.EEXIST, f"{self.wake} exists and is not a FIFO") from None
+
+    def _make_state(self) -> None:
+        """Make the state file whole, then link it in: another process never maps it short."""
+        made = self.directory / f"state.{os.getpid()}.{threading.get_ident()}.tmp"
+        descriptor = os.open(made, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(descriptor, _STATE_BYTES)
+        finally:
+            os.close(descriptor)
+        try:
+            os.link(made, self.state)  # never replaces one that another process made first
+        except FileExistsError:
+            pass
+        finally:
+            made.unlink()
 
     def describe(self) -> dict[str, Any]:
         """What the key is made of (for ``agent.json`` and ``rlpulse spool list``)."""

@@ -14,6 +14,7 @@ order one step's records from several hosts by ``timestamp_ns + offset``
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from typing import Final
 
@@ -32,6 +33,7 @@ class ClockOffset:
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self._window_ns = int(window_s * 1e9)
         self._samples: deque[tuple[int, int, int]] = deque(maxlen=_MAX_SAMPLES)
+        self._lock = threading.Lock()  # the reports of both producers come on two threads
         self.offset_ns: int | None = None
         """Add this to the host's time to get the brokers' (None: no sample yet)."""
         self.error_ns: int | None = None
@@ -49,11 +51,12 @@ class ClockOffset:
             return
         round_trip = reported_ns - sent_ns
         offset = broker_ms * 1_000_000 + 500_000 - (sent_ns + reported_ns) // 2
-        samples = self._samples
-        samples.append((reported_ns, round_trip, offset))
-        while samples and samples[0][0] < reported_ns - self._window_ns:
-            samples.popleft()
-        _at, best_trip, best_offset = min(samples, key=lambda found: found[1])
+        with self._lock:
+            samples = self._samples
+            samples.append((reported_ns, round_trip, offset))
+            while samples and samples[0][0] < reported_ns - self._window_ns:
+                samples.popleft()
+            _at, best_trip, best_offset = min(samples, key=lambda found: found[1])
         error = best_trip // 2 + 500_000  # the broker's millisecond adds half of one
         if best_offset != self.offset_ns or error != self.error_ns:
             self.offset_ns, self.error_ns = best_offset, error

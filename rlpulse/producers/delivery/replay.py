@@ -133,20 +133,14 @@ def replay_logs(
             producers = Producers(
                 trainer_producer(settings, "rlpulse replay (events)", diagnostics),
                 trainer_producer(settings, "rlpulse replay (logs)", diagnostics),
+                lambda: _consumer(settings),
             )
         problem = _destination_problem(producers.events, diagnostics, settings, meta, timeout_s)
         if problem is not None:
             report.kept.append(KeptLog(path, unsent_frames(path), problem))
             claim.release()
             continue
-        shippers.append(
-            LogShipper(
-                meta,
-                claim,
-                lambda: _consumer(settings),
-                batch_max_bytes=settings.logging.batch_max_bytes,
-            )
-        )
+        shippers.append(LogShipper(meta, claim, batch_max_bytes=settings.logging.batch_max_bytes))
     deadline = time.monotonic() + timeout_s
     waiting = list(shippers)
     while producers is not None and waiting and time.monotonic() < deadline:
@@ -157,6 +151,7 @@ def replay_logs(
         time.sleep(_POLL_S)
     if producers is not None:
         producers.purge()
+        producers.close()
     for shipper in shippers:
         _finish(shipper, report, timeout_s)
     return report

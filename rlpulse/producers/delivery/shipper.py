@@ -29,6 +29,7 @@ and serves the producers' delivery reports in one thread.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -78,6 +79,10 @@ log = logging.getLogger(__name__)
 FIRST_PROBE_PAUSE_S: Final = 0.5
 MAX_PROBE_PAUSE_S: Final = 5.0
 PROBE_TIMEOUT_S: Final = 2.0
+REPORT_WAIT_S: Final = 2.0
+"""How long a report thread waits in librdkafka at a time (its stop is noticed then)."""
+ANSWER_FRESH_S: Final = 1.0
+"""How long a metadata answer counts as Kafka answering (one probe serves every log)."""
 MAX_IN_FLIGHT_BYTES: Final = 64 * 1024 * 1024
 """No more frames are read while this much waits for Kafka's acknowledgement."""
 BATCH_MAX_RECORDS: Final = 10_000
@@ -94,28 +99,114 @@ PERMANENT_ERRORS: Final = frozenset(
 """Delivery errors that refuse the message itself: sending it again cannot succeed."""
 
 
-@dataclass(frozen=True)
 class Producers:
-    """The two producers a sender uses: one for events, one for log batches.
+    """The clients one sender uses for all its logs, and whether Kafka answers.
 
-    Each keeps one request in flight per broker (KAFKA-15591,
-    :func:`~rlpulse.transport.clients.trainer_producer`); with two, an event's request never
-    waits behind a large batch of log records.
+    One producer for events and one for log batches, each with one request in flight per
+    broker (KAFKA-15591, :func:`~rlpulse.transport.clients.trainer_producer`): with two, an
+    event's request never waits behind a large batch of log records. One consumer, made on
+    first use and kept, reads the topics back for every log. After a failure, Kafka is probed
+    once for all logs (:meth:`answering`), with a growing pause: a sender of hundreds of logs
+    does not send hundreds of requests to a broker that is down or starved.
     """
 
-    events: Producer
-    logs: Producer
+    def __init__(
+        self, events: Producer, logs: Producer, new_consumer: Callable[[], Consumer]
+    ) -> None:
+        self.events = events
+        self.logs = logs
+        self._new_consumer = new_consumer
+        self._consumer: Consumer | None = None
+        self._reporters: list[threading.Thread] = []
+        self._stop_reports = threading.Event()
+        self._answered_at = -1.0
+        self._next_probe = 0.0
+        self._probe_pause = FIRST_PROBE_PAUSE_S
+        self.last_error: str | None = None
+        """Why the last probe failed (None: it answered)."""
 
     def poll(self) -> None:
-        """Serve both producers' delivery reports (in the caller's thread)."""
-        self.events.poll(0)
-        self.logs.poll(0)
+        """Serve both producers' delivery reports in the caller's thread.
+
+        Nothing when :meth:`report_in_background` does.
+        """
+        if not self._reporters:
+            self.events.poll(0)
+            self.logs.poll(0)
+
+    def report_in_background(self, arrived: Callable[[], None]) -> None:
+        """Serve delivery reports on a thread per producer, each blocked in librdkafka.
+
+        ``arrived()`` is called after each poll that served any: the driver sleeps until
+        then instead of looking every few milliseconds while messages are in flight.
+        """
+
+        def serve(producer: Producer) -> None:
+            while not self._stop_reports.is_set():
+                try:
+                    if producer.poll(REPORT_WAIT_S):
+                        arrived()
+                except Exception:  # a report callback's error must not end the reports
+                    log.exception("serving delivery reports failed; going on")
+
+        for name, producer in (("events", self.events), ("logs", self.logs)):
+            thread = threading.Thread(
+                target=serve, args=(producer,), name=f"rlpulse-reports-{name}", daemon=True
+            )
+            thread.start()
+            self._reporters.append(thread)
 
     def purge(self) -> None:
         """Drop what both still queue (it stays in the write-ahead logs)."""
         for producer in (self.events, self.logs):
             producer.purge()
             producer.poll(0)
+
+    def read_back_consumer(self) -> Consumer:
+        """The consumer read-backs use (assigned partitions only, never commits)."""
+        if self._consumer is None:
+            self._consumer = self._new_consumer()
+        return self._consumer
+
+    def answering(self, now: float, topic: str) -> bool:
+        """Whether Kafka answers a metadata request for ``topic``.
+
+        Asked at most once a second for every log; after a failure, again after a pause of
+        0.5 s doubling to 5 s.
+        """
+        if now - self._answered_at < ANSWER_FRESH_S:
+            return True
+        if now < self._next_probe:
+            return False
+        try:
+            self.events.list_topics(topic, timeout=PROBE_TIMEOUT_S)
+        except KafkaException as exc:
+            self.failed(now, str(exc.args[0].str() if exc.args else exc))
+            return False
+        self._answered_at = time.monotonic()
+        self._probe_pause = FIRST_PROBE_PAUSE_S
+        self.last_error = None
+        return True
+
+    def failed(self, now: float, why: str) -> None:
+        """A probe or a read-back failed: wait before the next one, longer each time."""
+        self.last_error = why
+        self._answered_at = -1.0
+        self._next_probe = now + self._probe_pause
+        self._probe_pause = min(self._probe_pause * 2, MAX_PROBE_PAUSE_S)
+
+    def close(self) -> None:
+        """Stop the report threads and close the read-back consumer.
+
+        The producers go with the last reference.
+        """
+        self._stop_reports.set()
+        for thread in self._reporters:
+            thread.join(REPORT_WAIT_S + 1.0)
+        self._reporters.clear()
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
 
 @dataclass
@@ -146,7 +237,6 @@ class LogShipper:
         self,
         meta: LogMeta,
         claim: WalClaim | None,
-        new_consumer: Callable[[], Consumer],
         *,
         batch_max_bytes: int,
         linger_s: float = 0.0,
@@ -160,7 +250,7 @@ class LogShipper:
         self._state = AckFile.read(self.directory)
         self._state.created_ns = self._state.created_ns or meta.created_ns
         self._read_at = self._state.position
-        self._reader = WalReader(self.directory)
+        self._reader = WalReader(self.directory, meta.protocol)
         self._acks = AckFile(self.directory)
         self._acks.write(self._state)  # before anything is sent: a later sender reads back
         self.failing = began and self._next_frame() is not None
@@ -171,7 +261,6 @@ class LogShipper:
         """librdkafka's code of the delivery error that stopped the log (None: none)."""
         self.unknown_kind: int | None = None
         """The kind of a frame this release does not know, where the log stops (None: none)."""
-        self._new_consumer = new_consumer
         self._batch_max_bytes = batch_max_bytes
         self._linger_s = linger_s
         self._key = meta.run_id.encode()
@@ -184,8 +273,6 @@ class LogShipper:
         self._check: dict[int, Found] | None = None
         self._check_last = -1
         self._head: bytes | None = None
-        self._next_probe = 0.0
-        self._probe_pause = FIRST_PROBE_PAUSE_S
         self._partitions: dict[str, int] = {}
 
     # -- what the driver asks ----------------------------------------------------------
@@ -413,21 +500,22 @@ class LogShipper:
 
     def _resume(self, producers: Producers, now: float) -> bool:
         """Once nothing is in flight and Kafka answers: read the topics back, send the rest."""
-        if any(not sent.done for sent in self._in_flight) or now < self._next_probe:
+        if any(not sent.done for sent in self._in_flight):
+            return False
+        if not producers.answering(now, self._topics[EVENT]):
+            self.last_error = producers.last_error or self.last_error
             return False
         try:
-            check = self._read_back(producers.events)
+            check = self._read_back(producers)
         except KafkaException as exc:
             self.last_error = str(exc.args[0].str() if exc.args else exc)
             log.debug("read-back of %s failed: %s", self.directory, exc)
-            self._next_probe = time.monotonic() + self._probe_pause
-            self._probe_pause = min(self._probe_pause * 2, MAX_PROBE_PAUSE_S)
+            producers.failed(time.monotonic(), self.last_error)
             return False
         self._check = check
         self._check_last = max(
             (last for found in check.values() for _first, last in found.ranges), default=-1
         )
-        self._probe_pause = FIRST_PROBE_PAUSE_S
         self._resend_end = max(self._resend_end, self._read_at)
         self._in_flight.clear()
         self._in_flight_bytes = 0
@@ -437,25 +525,23 @@ class LogShipper:
         self.last_error = self.last_code = None
         return self._send(producers, now, flush=True)
 
-    def _read_back(self, producer: Producer) -> dict[int, Found]:
+    def _read_back(self, producers: Producers) -> dict[int, Found]:
         """Per frame kind, what its topic holds of this producer after its last acknowledgement."""
         state = self._state
         created_ms = state.created_ns // 1_000_000
-        producer.list_topics(self._topics[EVENT], timeout=PROBE_TIMEOUT_S)  # Kafka answers?
-        consumer = self._new_consumer()
-        try:
-            check = {}
-            for kind, (acked_partition, offset) in ((EVENT, state.events), (LOG, state.logs)):
-                topic = self._topics[kind]
-                partition = (
-                    acked_partition if acked_partition >= 0 else self._partition(producer, topic)
-                )
-                check[kind] = found_on_topic(
-                    consumer, topic, partition, self.meta.producer_id, offset, created_ms
-                )
-            return check
-        finally:
-            consumer.close()
+        consumer = producers.read_back_consumer()
+        check = {}
+        for kind, (acked_partition, offset) in ((EVENT, state.events), (LOG, state.logs)):
+            topic = self._topics[kind]
+            partition = (
+                acked_partition
+                if acked_partition >= 0
+                else self._partition(producers.events, topic)
+            )
+            check[kind] = found_on_topic(
+                consumer, topic, partition, self.meta.producer_id, offset, created_ms
+            )
+        return check
 
     def _partition(self, producer: Producer, topic: str) -> int:
         count = self._partitions.get(topic)
@@ -472,7 +558,7 @@ _NO_SOURCE: Final = KafkaError(KafkaError._BAD_MSG, "no source file")
 
 
 def _report(sent: _Sent, clock: ClockOffset | None, error: KafkaError | None, msg: Message) -> None:
-    """Librdkafka's delivery report of one message (served by the driver's ``poll``)."""
+    """Librdkafka's delivery report of one message (served by a report thread or ``poll``)."""
     if error is None:
         sent.partition = msg.partition() or 0
         sent.offset = msg.offset() or 0

@@ -26,6 +26,7 @@ from rlpulse.producers.delivery.replay import ReplayReport, replay_logs
 from rlpulse.producers.delivery.wal import (
     EVENT,
     LOG,
+    PROTOCOL,
     SHIP_LOCK_NAME,
     AckFile,
     LogMeta,
@@ -196,7 +197,7 @@ def _look(directory: Path, meta: LogMeta | None) -> SpoolLog | None:
     sender = sender_pid(directory) if claim_held(directory, SHIP_LOCK_NAME) else None
     state: LogState = LIVE if writing else DEAD
     try:
-        events, records = _waiting(directory)
+        events, records = _waiting(directory, PROTOCOL if meta is None else meta.protocol)
         disk_bytes = sum(entry.stat().st_size for entry in os.scandir(directory) if entry.is_file())
     except FileNotFoundError:  # deleted while looked at
         return None
@@ -239,9 +240,9 @@ def _agent(directory: Path) -> AgentSeen:
     )
 
 
-def _waiting(directory: Path) -> tuple[int, int]:
+def _waiting(directory: Path, protocol: int) -> tuple[int, int]:
     """The events and the text records after the log's acknowledged position."""
-    reader = WalReader(directory)
+    reader = WalReader(directory, protocol)
     try:
         kinds = Counter(frame.kind for frame in reader.frames(AckFile.read(directory).position))
     finally:

@@ -32,8 +32,10 @@ the root is :func:`~rlpulse.producers.delivery.spool_root.resolve_spool_root`'s)
 
 A frame is a header ``<length u32, crc32 u32, kind u8, seq i64>`` and ``length`` bytes of
 payload: a TrainerEvent's single-object encoding (kind 1) or a log record's LogEntry body
-(kind 2, :meth:`~rlpulse.producers.encoding.logs.LogEncoder.entry`). The payload is written
-before the header, and the CRC covers the payload, so a frame cut by a kill reads as the end of
+(kind 2, :meth:`~rlpulse.producers.encoding.logs.LogEncoder.entry`). The CRC covers the kind,
+the seq and the payload (protocols 1 and 2: the payload only). The payload is written first, then
+the CRC, kind and seq, the length last: a frame cut by a kill, or read by another process
+while it is being written (a length seen before the kind and seq were), reads as the end of
 the log.
 A zero length ends a segment's frames. A position is ``segment << 40 | offset``.
 
@@ -92,14 +94,20 @@ EVENT: Final = 1
 """Frame kind: a TrainerEvent, single-object encoded (sent as one message to the events topic)."""
 LOG: Final = 2
 """Frame kind: a LogEntry's Avro body (sent in LogBatch messages to the logs topic)."""
-PROTOCOL: Final = 2
+PROTOCOL: Final = 3
 """The write-ahead log's protocol this release writes and reads: frame kinds :data:`EVENT`
-and :data:`LOG`, a log served by the host's agent (1: the same frames, sent by the writing
-process itself; its logs carry no protocol in ``meta.json``)."""
+and :data:`LOG`, a log served by the host's agent, a CRC over kind, seq and payload (2: the
+CRC covers the payload only; 1: that too, and the writing process sent its own log, which
+carries no protocol in ``meta.json``)."""
 KNOWN_KINDS: Final = frozenset({EVENT, LOG})
 """The frame kinds of :data:`PROTOCOL`: a reader stops before any other."""
 
 HEADER: Final = struct.Struct("<IIBq")
+_LENGTH: Final = struct.Struct("<I")
+_CRC_KIND_SEQ: Final = struct.Struct("<IBq")
+_KIND_SEQ: Final = struct.Struct("<Bq")
+_KIND_SEQ_AT: Final = 8
+"""Where the kind and seq start in a header (the CRC covers them since protocol 3)."""
 SEGMENT_SUFFIX: Final = ".wal"
 LOCK_NAME: Final = "lock"
 SHIP_LOCK_NAME: Final = "ship.lock"
@@ -183,8 +191,9 @@ class LogMeta:
     """The key of the host agent that serves the log
     (:class:`~rlpulse.producers.delivery.agent_place.AgentPlace`; None: a log of an earlier
     release, which its own process sent)."""
-    protocol: int = 1
-    """The write-ahead log protocol its frames follow (:data:`PROTOCOL`)."""
+    protocol: int = PROTOCOL
+    """The write-ahead log protocol its frames follow (:data:`PROTOCOL`; a ``meta.json``
+    without one is of protocol 1)."""
 
     def write(self) -> None:
         """Write ``meta.json`` into the log's directory (atomically)."""
@@ -409,7 +418,9 @@ class WalWriter:
         assert data is not None
         start = offset + HEADER.size
         data[start : start + len(payload)] = payload
-        HEADER.pack_into(data, offset, len(payload), zlib.crc32(payload), kind, seq)
+        crc = zlib.crc32(payload, zlib.crc32(_KIND_SEQ.pack(kind, seq)))
+        _CRC_KIND_SEQ.pack_into(data, offset + 4, crc, kind, seq)
+        _LENGTH.pack_into(data, offset, len(payload))  # last: a reader takes it as the commit
         self._offset = end = start + len(payload)
         self.end = self._segment << _OFFSET_BITS | end  # position(), inline: the hot path
         self.frames += 1
@@ -494,8 +505,11 @@ class WalReader:
     frames stop at the first one that is not whole (being written, or cut by a kill).
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, protocol: int = PROTOCOL) -> None:
         self.directory = directory
+        self.protocol = protocol
+        """The protocol of the log's frames (its ``meta.json``'s): what their CRC covers."""
+        self._prefix = f"{directory}{os.sep}"  # the segments' paths, without pathlib per look
         self._maps: dict[int, mmap.mmap] = {}
 
     def frames(self, start: int) -> Iterator[Frame]:
@@ -507,13 +521,14 @@ class WalReader:
         have been finished since. A missing segment (deleted once delivered) is skipped.
         """
         segment, offset = segment_of(start), start & _OFFSET_MASK
+        with_header = self.protocol >= 3
         while True:
             data = self._mapped(segment)
             if data is not None:
-                offset = yield from _whole_frames(segment, data, offset)
-                if not (self.directory / _segment_name(segment + 1)).exists():
+                offset = yield from _whole_frames(segment, data, offset, with_header)
+                if not os.path.exists(f"{self._prefix}{segment + 1:06d}{SEGMENT_SUFFIX}"):
                     return
-                offset = yield from _whole_frames(segment, data, offset)
+                offset = yield from _whole_frames(segment, data, offset, with_header)
                 segment, offset = segment + 1, 0
                 continue
             following = next((n for n in segments(self.directory) if n > segment), None)
@@ -549,8 +564,13 @@ class WalReader:
         return mapped
 
 
-def _whole_frames(segment: int, data: mmap.mmap, offset: int) -> Generator[Frame, None, int]:
-    """The whole frames of a mapped segment from ``offset``; returns where they stop."""
+def _whole_frames(
+    segment: int, data: mmap.mmap, offset: int, with_header: bool
+) -> Generator[Frame, None, int]:
+    """The whole frames of a mapped segment from ``offset``; returns where they stop.
+
+    ``with_header``: the CRC covers the kind and seq too (protocol 3).
+    """
     limit = len(data)
     base = segment << _OFFSET_BITS
     while offset + HEADER.size <= limit:
@@ -559,7 +579,8 @@ def _whole_frames(segment: int, data: mmap.mmap, offset: int) -> Generator[Frame
         if size == 0 or first + size > limit:
             break
         payload = data[first : first + size]
-        if zlib.crc32(payload) != crc:
+        start = zlib.crc32(data[offset + _KIND_SEQ_AT : first]) if with_header else 0
+        if zlib.crc32(payload, start) != crc:
             break
         yield Frame(base | offset, base | (first + size), kind, seq, payload)
         offset = first + size
@@ -568,7 +589,8 @@ def _whole_frames(segment: int, data: mmap.mmap, offset: int) -> Generator[Frame
 
 def unsent_frames(directory: Path) -> int:
     """How many frames of the log in ``directory`` lie after its acknowledged position."""
-    reader = WalReader(directory)
+    meta = LogMeta.read(directory)
+    reader = WalReader(directory, PROTOCOL if meta is None else meta.protocol)
     try:
         return sum(1 for _ in reader.frames(AckFile.read(directory).position))
     finally:
