@@ -174,13 +174,16 @@ class HostBus:
     perhaps after some of its peers): the first broadcast waits until they are all there.
     """
 
-    def __init__(self, plan: Plan, run: str, leader: int, root: bool, peers: int) -> None:
+    def __init__(
+        self, plan: Plan, run: str, leader: int, root: bool, peers: int, local: int
+    ) -> None:
         self.leader = leader
         self.root = root
         self.expected = peers if root else 1
         self.peers: list[socket.socket] = []
         self.calls: Counter[int] = Counter()
-        self.results: dict[int, Any] = {}
+        self.local = local  # the run's ranks on this host: each takes every result once
+        self.results: dict[int, list[Any]] = {}  # call -> [value, ranks yet to take it]
         self.ready = threading.Condition()
         target = self._accept if root else self._connect
         threading.Thread(target=target, args=(plan.bus_ports[run],), daemon=True).start()
@@ -220,14 +223,18 @@ class HostBus:
                     result = value
                 else:
                     result = _receive(self.peers[0])
-                with self.ready:
-                    self.results[call] = result
-                    self.results.pop(call - 8, None)
-                    self.ready.notify_all()
+                if self.local > 1:
+                    with self.ready:
+                        self.results[call] = [result, self.local - 1]
+                        self.ready.notify_all()
                 return result
-            with self.ready:
+            with self.ready:  # a rank that lags steps behind its leader still finds its value
                 self.ready.wait_for(lambda: call in self.results)
-                return self.results[call]
+                taken = self.results[call]
+                taken[1] -= 1
+                if taken[1] == 0:
+                    del self.results[call]
+                return taken[0]
 
         return share
 
@@ -243,7 +250,9 @@ def connect_buses(plan: Plan, host: int) -> dict[str, HostBus]:
     for run in sorted({run for run, _rank in mine}):
         ranks = sorted(rank for r, rank in mine if r == run)
         root = 0 in ranks
-        buses[run] = HostBus(plan, run, 0 if root else ranks[0], root, len(hosts_of[run]) - 1)
+        buses[run] = HostBus(
+            plan, run, 0 if root else ranks[0], root, len(hosts_of[run]) - 1, len(ranks)
+        )
     return buses
 
 
