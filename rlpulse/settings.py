@@ -279,6 +279,14 @@ class AgentSettings(_Section):
         gt=0,
         description="How long a rank waits for an agent it started to say it runs.",
     )
+    stacks_signal: str = Field(
+        default="SIGRTMIN+3",
+        description=(
+            "The signal on which each rank process dumps its threads' stacks for the agent "
+            "(capture_stacks): SIGRTMIN+n, a name or a number; 'off' registers none. A signal "
+            "that already has a handler is left alone."
+        ),
+    )
 
 
 class JoinerSettings(_Section):

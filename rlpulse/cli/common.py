@@ -147,8 +147,8 @@ StartupTimeoutAlias = Annotated[float | None, alias("--startup-timeout")]
 
 
 def say(message: str) -> None:
-    """A progress line on stderr, dimmed."""
-    err.print(f"[dim]{message}[/]", highlight=False)
+    """A progress line on stderr, dimmed (one line, however long: a pipe has no width)."""
+    err.print(f"[dim]{escape(message)}[/]", highlight=False, soft_wrap=True)
 
 
 def fail(message: str) -> typer.Exit:

@@ -1,4 +1,4 @@
-"""``rlpulse control stop|checkpoint|scale|send RUN``: act on a run by hand.
+"""``rlpulse control stop|checkpoint|scale|send|stacks RUN``: act on a run by hand.
 
 ``send`` takes any action of the action contract (:mod:`rlpulse.schemas.actions`) with its
 parameters as ``NAME=VALUE``; the others are shortcuts for the common ones.
@@ -8,6 +8,10 @@ A command the run's trainer would refuse (the checks of
 A sent command is followed to its answer: the command waits up to ``--wait`` seconds for
 the run's ack and prints it (status, step, detail). Exit status: 0 applied or noop (or
 sent, with ``--no-wait``), 1 rejected, failed or not sent, 2 no ack within the wait.
+
+``stacks`` is answered by the run's host agents, not its trainer: it waits for the ranks'
+stacks on the logs topic, prints the ranks grouped by where their training loops are
+(:mod:`rlpulse.ops.stacks`), and exits 2 when no agent answers.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from rlpulse.cli.common import (
     say,
     settings,
 )
+from rlpulse.offline.stacks import describe_groups, group_ranks
 from rlpulse.ops.acks import AckWatch, describe_ack
 from rlpulse.ops.commands import action, operator_command, publish_command
+from rlpulse.ops.stacks import StackWatch
 from rlpulse.producers.control.screening import command_problem
 from rlpulse.schemas import actions as action_contract
 from rlpulse.schemas.actions import ParamKind
@@ -169,6 +175,58 @@ def control_scale(
     """Scale the rollout batch: new = clamp(round(current * factor), min, max)."""
     scale = action("scale_rollout_batch", factor=factor, min=min_batch, max=max_batch)
     _send(run_id, [scale], bootstrap, prefix, config, attempt, reason, wait, no_wait)
+
+
+@control_app.command("stacks")
+@one_line_errors
+def control_stacks(
+    run_id: Annotated[str, typer.Argument(help="The run whose ranks' stacks to take.")],
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = None,
+    attempt: Attempt = 0,
+    reason: Reason = None,
+    wait_s: Annotated[
+        float,
+        typer.Option("--rank-wait", min=0.1, help="Seconds an agent waits for each rank's stacks."),
+    ] = 10.0,
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait", min=0, help="Seconds to wait for the first agent to answer; none: exit 2."
+        ),
+    ] = 30.0,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Print every rank's stacks, not only the groups.")
+    ] = False,
+    config: ConfigFile = None,
+) -> None:
+    """Take every thread's stack of each rank process of a run, from outside.
+
+    The run's host agents signal its ranks; the ranks are printed grouped by where their
+    training loops are, the smallest group first.
+    """
+    chosen = settings(config, {"bootstrap": bootstrap, "prefix": prefix})
+    command = operator_command(
+        run_id, [action("capture_stacks", wait_s=wait_s)], attempt=attempt, reason=reason
+    )
+    with StackWatch(chosen) as watch:
+        publish_command(chosen, command)
+        say(f"sent {command['command_id']}: waiting up to {wait:g} s for the agents of {run_id}")
+        ranks = watch.collect(command["command_id"], wait + wait_s)
+    if not ranks:
+        fail(
+            f"no agent answered for run {run_id} within {wait + wait_s:g} s: no host that runs "
+            f"its ranks has a live agent (an unknown run, or a run that ended)"
+        )
+        raise typer.Exit(EXIT_NO_ACK)
+    hosts = len({rank.host for rank in ranks})
+    out.print(f"{len(ranks)} rank(s) of run {run_id} on {hosts} host(s):", soft_wrap=True)
+    for line in describe_groups(group_ranks(ranks)):
+        out.print(f"  {line}", soft_wrap=True)
+    if show_all:
+        for rank in ranks:
+            out.print(f"\nrank {rank.rank} (pid {rank.pid} on {rank.host}, step {rank.step}):")
+            out.print(rank.dump or f"  process {rank.outcome}", soft_wrap=True, markup=False)
 
 
 def _param_value(kind: ParamKind | None, text: str) -> ParamValue:

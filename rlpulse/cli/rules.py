@@ -6,6 +6,7 @@ Wherever a rules file is asked for, a preset name (``seed``, ``verl``, ``trl``,
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -142,6 +143,14 @@ def backtest(
             dir_okay=False,
         ),
     ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until",
+            help="The recording's end (ISO 8601 time, or seconds since the epoch): silence "
+            "rules watch the runs up to then. " + default_note("its last event"),
+        ),
+    ] = None,
 ) -> None:
     """Play recorded events through the worker's step pipeline; print the commands issued.
 
@@ -152,6 +161,7 @@ def backtest(
     """
     try:
         joiner = JoinerSettings(grace_s=grace_s, late_window_s=late_window_s)
+        until_ns = None if until is None else _time_ns(until)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -159,7 +169,7 @@ def backtest(
         ruleset = load_rules_source(rules_source)
         recording = read_recording(events, run=run, input_format=input_format)
         given = None if acks is None else read_acks(acks)
-        result = run_backtest(ruleset, recording, joiner, given)
+        result = run_backtest(ruleset, recording, joiner, given, until_ns)
     except (RulesFileError, PresetNotFoundError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(1) from None
@@ -312,3 +322,20 @@ def _action_text(action: Action) -> str:
         for key, value in action["params"].items()
     )
     return f"{action['type']}({params})" if params else action["type"]
+
+
+def _time_ns(text: str) -> int:
+    """``--until``: seconds since the epoch, or an ISO 8601 time (UTC unless it says)."""
+    try:
+        return round(float(text) * 1e9)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"--until {text!r}: expected an ISO 8601 time or seconds since the epoch"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return round(moment.timestamp() * 1e9)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlpulse.cli.common import ConfigFile, Prefix, one_line_errors, out
+from rlpulse.cli.common import ConfigFile, Prefix, fail, one_line_errors, out
 from rlpulse.cli.reading import ArchiveRoot, open_for
 from rlpulse.cli.render import cell, print_rows
 
@@ -21,7 +21,18 @@ if TYPE_CHECKING:
 @one_line_errors
 def show(
     run_id: Annotated[str, typer.Argument(help="The run.")],
-    step: Annotated[int, typer.Option(help="The step.")],
+    step: Annotated[int | None, typer.Option(help="The step.")] = None,
+    stacks: Annotated[
+        bool,
+        typer.Option(
+            "--stacks",
+            help="The ranks' stacks of the newest capture, grouped by where their training "
+            "loops are (instead of a step).",
+        ),
+    ] = False,
+    every_rank: Annotated[
+        bool, typer.Option("--all", help="With --stacks: every rank's stacks too.")
+    ] = False,
     margin: Annotated[
         float, typer.Option(help="Seconds of log records before and after the step's events.")
     ] = 2.0,
@@ -29,9 +40,17 @@ def show(
     prefix: Prefix = None,
     config: ConfigFile = None,
 ) -> None:
-    """Show a step: summaries, every rank's metrics, log records, commands, acks, verdicts."""
+    """Show a step: summaries, every rank's metrics, log records, commands, acks, verdicts.
+
+    With --stacks: the ranks' stacks of the run's newest capture (capture_stacks), grouped.
+    """
     from rlpulse.offline.drilldown import step_context
 
+    if stacks:
+        _show_stacks(run_id, every_rank, archive, prefix, config)
+        return
+    if step is None:
+        raise typer.BadParameter("give --step N, or --stacks", param_hint="--step")
     con, _root = open_for(config, prefix, archive)
     try:
         context = step_context(con, run_id, step, margin)
@@ -107,3 +126,40 @@ def _print(context: StepContext, margin: float) -> None:
     print_rows(context.commands.columns, context.commands.rows, title="commands")
     print_rows(context.acks.columns, context.acks.rows, title="acks")
     print_rows(context.verdicts.columns, context.verdicts.rows, title="verdicts")
+
+
+def _show_stacks(
+    run_id: str, every_rank: bool, archive: Any, prefix: str | None, config: Any
+) -> None:
+    from rlpulse.offline.stacks import (
+        CAPTURE_QUERY,
+        capture_parameters,
+        describe_groups,
+        group_ranks,
+        newest_capture,
+    )
+
+    con, root = open_for(config, prefix, archive)
+    try:
+        cursor = con.execute(CAPTURE_QUERY, capture_parameters(run_id))
+        names = [column[0] for column in cursor.description or ()]
+        found = newest_capture([dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
+    finally:
+        con.close()
+    if found is None:
+        raise fail(
+            f"no stacks of run {run_id} in the archive at {root}: none was captured "
+            f"(rlpulse control stacks {run_id}), or the archiver has not written them yet"
+        )
+    command_id, ranks = found
+    hosts = len({rank.host for rank in ranks})
+    out.print(
+        f"stacks of run {run_id} (command {command_id}): {len(ranks)} rank(s) on {hosts} host(s)",
+        soft_wrap=True,
+    )
+    for line in describe_groups(group_ranks(ranks)):
+        out.print(f"  {line}", soft_wrap=True, markup=False)
+    if every_rank:
+        for rank in ranks:
+            out.print(f"\nrank {rank.rank} (pid {rank.pid} on {rank.host}, step {rank.step}):")
+            out.print(rank.dump or f"  process {rank.outcome}", soft_wrap=True, markup=False)

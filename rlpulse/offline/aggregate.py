@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from rlpulse.producers.caller.system import SYSTEM_STAGE
 from rlpulse.schemas.jsonl import MalformedLine, RankRecord, read_rank_logs
+from rlpulse.schemas.records import SAMPLE_STAGES
 
 __all__ = [
     "RUN_FIELD",
@@ -47,8 +47,6 @@ STDOUT: Final = "-"
 """The output file name that means standard output."""
 RUN_FIELD: Final = "run_id"
 """Lines of different runs (EventLogger writes ``run_id``) never share a row."""
-SAMPLE_STAGES: Final = frozenset({SYSTEM_STAGE})
-"""Stages whose ``step`` numbers samples, not training steps: merged apart from the others."""
 
 
 class Aggregator:

@@ -447,6 +447,7 @@ class BacktestResult:
             self.commands += item.commands
             if item.error is not None:
                 self.rule_errors.append(f"{item.summary['summary_id']}: {item.error}")
+        self.commands += output.silences
         self.verdicts += output.verdicts
 
 
@@ -471,8 +472,12 @@ def run_backtest(
     items: Iterable[Recorded],
     settings: JoinerSettings | None = None,
     acks: Mapping[str, CommandAck] | None = None,
+    until_ns: int | None = None,
 ) -> BacktestResult:
     """Play recorded events through a fresh step pipeline; see the module docstring.
+
+    ``until_ns``: the recording's end, where silence rules stop watching (None: its last
+    event).
 
     Events without an attempt get one inferred first (:func:`infer_attempts`). Each command
     is acknowledged as soon as it is issued, with its ack in ``acks`` (by command id; a
@@ -495,6 +500,7 @@ def run_backtest(
         runs.setdefault(event["run_id"])
         timestamp = event.get("timestamp_ns")
         now_ns = max(now_ns, timestamp) if _is_int(timestamp) else now_ns
+        _silences_until(pipeline, result, acks, now_ns)
         result.take(pipeline.expire(now_ns))
         output = pipeline.add(event, now_ns)
         if output.rejected is not None:
@@ -502,13 +508,32 @@ def run_backtest(
         result.duplicates += output.duplicate
         result.take(output)
         _acknowledge(pipeline, result, output, acks, now_ns)
+    _silences_until(pipeline, result, acks, max(now_ns, until_ns or 0))
     quiet_s = max(joiner_settings.grace_s, joiner_settings.revision_linger_s)
     end_ns = now_ns + round(quiet_s * _SECOND_NS)  # every open group and pending revision is due
-    output = pipeline.expire(end_ns)
+    output = pipeline.expire(end_ns, run_keys=())  # silences only up to the recording's end
     result.take(output)
     _acknowledge(pipeline, result, output, acks, end_ns)
     result.runs = list(runs)
     return result
+
+
+def _silences_until(
+    pipeline: StepPipeline,
+    result: BacktestResult,
+    acks: Mapping[str, CommandAck] | None,
+    now_ns: int,
+) -> None:
+    """Fire each silence rule at the moment it became due, up to ``now_ns``.
+
+    The worker fires at its first tick after that moment: within one tick of the backtest.
+    """
+    while (due := pipeline.silence_due_ns()) is not None and due <= now_ns:
+        output = pipeline.expire(due)
+        result.take(output)
+        _acknowledge(pipeline, result, output, acks, due)
+        if not output.silences:  # not one fired at its due time: nothing more will
+            break
 
 
 def _acknowledge(

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from types import TracebackType
+from typing import Self
 
 from confluent_kafka import KafkaException, TopicPartition
 
@@ -25,21 +27,23 @@ from rlpulse.transport.bootstrap import bootstrap_servers
 from rlpulse.transport.clients import ClientDiagnostics, kafka_error_of, new_consumer
 from rlpulse.transport.topics import missing_topic
 
-__all__ = ["AckWatch", "describe_ack"]
+__all__ = ["AckWatch", "TopicWatch", "describe_ack"]
 
 _SLICE_S = 0.25
 
 
-class AckWatch:
-    """Reads the acks topic from its current end for the ack of one command id.
+class TopicWatch:
+    """Reads one topic from the end it had when the watch opened.
 
-    Opening it finds the topic's partitions and their ends (:class:`AckWaitError` when the
-    topic does not exist or Kafka does not answer within ``operator.kafka_timeout_s``).
+    Opened before a command is published, so an answer written at once is not missed and old
+    ones are never read. Opening it finds the topic's partitions and their ends
+    (:class:`AckWaitError` when the topic does not exist or Kafka does not answer within
+    ``operator.kafka_timeout_s``; ``without`` says what its absence means).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, topic: str, without: str) -> None:
         timeout_s = settings.operator.kafka_timeout_s
-        self._topic = Topics(settings.prefix).acks
+        self._topic = topic
         self._diagnostics = ClientDiagnostics("operator", settings, quiet=True)
         self._consumer = new_consumer(
             settings, f"{settings.prefix}-operator-{uuid.uuid4().hex}", "operator",
@@ -49,13 +53,11 @@ class AckWatch:
         where = f"Kafka at {bootstrap_servers(settings)}"
         try:
             metadata = self._consumer.list_topics(self._topic, timeout=timeout_s)
-            topic = metadata.topics.get(self._topic)
-            if topic is None or topic.error is not None or not topic.partitions:
-                raise AckWaitError(
-                    f"{missing_topic(self._topic)}, so no trainer can ack; nothing was sent"
-                )
+            found = metadata.topics.get(self._topic)
+            if found is None or found.error is not None or not found.partitions:
+                raise AckWaitError(f"{missing_topic(self._topic)}, {without}; nothing was sent")
             ends = []
-            for partition in topic.partitions:
+            for partition in found.partitions:
                 _low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(self._topic, partition), timeout=timeout_s
                 )
@@ -75,30 +77,21 @@ class AckWatch:
             self.close()
             raise
 
-    def wait(self, command_id: str, timeout_s: float) -> CommandAck | None:
-        """The first ack of ``command_id`` within ``timeout_s``, or None."""
+    def values(self, timeout_s: float) -> Iterator[bytes]:
+        """The values that arrive within ``timeout_s`` (at most a quarter second at a time)."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
+        while (left := deadline - time.monotonic()) > 0:
             if self._diagnostics.failure is not None:
                 raise AckWaitError(f"cannot read {self._topic}: {self._diagnostics.failure}")
             for message in self._consumer.consume(100, timeout=min(_SLICE_S, left)):
-                if message.error() is not None:
-                    continue
-                try:
-                    ack = self._codec.decode_ack(message.value() or b"")
-                except DecodeError:
-                    continue
-                if ack["command_id"] == command_id:
-                    return ack
+                if message.error() is None:
+                    yield message.value() or b""
 
     def close(self) -> None:
         """Close the consumer (it never committed anything)."""
         self._consumer.close()
 
-    def __enter__(self) -> AckWatch:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -108,6 +101,24 @@ class AckWatch:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class AckWatch(TopicWatch):
+    """Reads the acks topic from its current end for the ack of one command id."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, Topics(settings.prefix).acks, "so no trainer can ack")
+
+    def wait(self, command_id: str, timeout_s: float) -> CommandAck | None:
+        """The first ack of ``command_id`` within ``timeout_s``, or None."""
+        for value in self.values(timeout_s):
+            try:
+                ack = self._codec.decode_ack(value)
+            except DecodeError:
+                continue
+            if ack["command_id"] == command_id:
+                return ack
+        return None
 
 
 def describe_ack(ack: CommandAck) -> str:

@@ -9,11 +9,12 @@ those of docs/design.md, "Rules"; :meth:`_RuleEvaluator.evaluate` holds the per-
 from __future__ import annotations
 
 import math
-import uuid
 from dataclasses import dataclass
 from typing import Final
 
+from rlpulse.rules import silence
 from rlpulse.rules.arith import WINDOW_STATS
+from rlpulse.rules.ids import COMMAND_NAMESPACE, command_id
 from rlpulse.rules.model import (
     Comparison,
     Condition,
@@ -34,16 +35,18 @@ from rlpulse.rules.state import (
     new_run_state,
 )
 from rlpulse.rules.verdicts import open_check
-from rlpulse.schemas.records import Action, ControlCommand, MetricStats, StepSummary
 
-COMMAND_NAMESPACE: Final = uuid.UUID("6f1c2a57-93e4-5d0b-8a3e-7c52d1b0e9f4")
-"""uuid5 namespace of the ids of rule-issued commands."""
+__all__ = ["COMMAND_NAMESPACE", "MISSING_RANKS", "Firing", "RuleEngine", "command_id"]
+from rlpulse.schemas.records import (
+    SAMPLE_STAGES,
+    Action,
+    ControlCommand,
+    MetricStats,
+    StepSummary,
+)
 
-
-def command_id(run_id: str, attempt: int, stage: str, rule: Rule, step: int) -> str:
-    """Deterministic id of the command ``rule`` issues at ``step``: a re-run issues the same."""
-    name = "\x1f".join((run_id, str(attempt), stage, rule.id, rule.version, str(step)))
-    return str(uuid.uuid5(COMMAND_NAMESPACE, name))
+MISSING_RANKS: Final = "(missing ranks)"
+"""What a ``missing_ranks`` rule's state binds to instead of a metric."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,11 @@ class Firing:
     rule: Rule
     metric: str
     step: int
-    value: float  # the value compared: the reduction, or the window statistic
-    stats: MetricStats  # the metric at this step
+    value: float  # the value compared: the reduction, the window statistic, the ranks missing
+    stats: MetricStats | None  # the metric at this step (None: a missing_ranks rule)
     window: tuple[Point, ...]  # the reduced values the window statistic was computed over
     streak: tuple[Point, ...]  # the last for_steps evaluations whose value held
+    ranks: tuple[int, ...] = ()  # a missing_ranks rule: the ranks missing from every step
 
 
 class _RuleEvaluator:
@@ -65,7 +69,8 @@ class _RuleEvaluator:
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self.version = rule.version
-        self._reduction = reduction_of(rule.across_ranks, rule.when)
+        when = rule.when
+        self._reduction = reduction_of(rule.across_ranks, when) if when is not None else "mean"
         over = rule.over_steps
         self._window_size = over.window if over is not None else 0
         self._window_stat = WINDOW_STATS[over.stat] if over is not None else None
@@ -74,6 +79,12 @@ class _RuleEvaluator:
         """Whether the rule watches this stage and the run has the tags of ``match``."""
         if self.rule.stage is not None and self.rule.stage != summary["stage"]:
             return False
+        if (
+            self.rule.stage is None
+            and self.rule.missing_ranks
+            and summary["stage"] in SAMPLE_STAGES
+        ):
+            return False  # each rank samples at its own pace: a sample's "missing" says nothing
         if self.rule.match is None:
             return True
         tags = summary.get("tags") or {}
@@ -95,16 +106,24 @@ class _RuleEvaluator:
         (``stopped``). A blocked rule keeps counting. Firing resets the count.
         """
         rule, step = self.rule, summary["step"]
-        metrics = summary["metrics"]
-        if state.metric is None:  # an alias list binds to the first name of the first carrier
-            state.metric = next((name for name in rule.metrics if name in metrics), None)
-        if state.metric is None or state.metric not in metrics:
-            return None
-        stats = metrics[state.metric]
-        state.evaluations += 1
-        value = self._observe(state, step, float(stats[self._reduction]))
+        stats: MetricStats | None = None
+        if rule.missing_ranks is not None:
+            state.metric = MISSING_RANKS
+            state.evaluations += 1
+            value: float | None = self._missing(state, summary["missing_ranks"])
+            holds = value is not None
+        else:
+            metrics = summary["metrics"]
+            if state.metric is None:  # an alias list binds to the first name of the first carrier
+                state.metric = next((name for name in rule.metrics if name in metrics), None)
+            if state.metric is None or state.metric not in metrics:
+                return None
+            stats = metrics[state.metric]
+            state.evaluations += 1
+            value = self._observe(state, step, float(stats[self._reduction]))
+            holds = value is not None and rule.when is not None and rule.when.holds(value)
 
-        if value is None or not rule.when.holds(value):
+        if value is None or not holds:
             state.status = Status.INACTIVE
             state.streak, state.streak_length, state.active_since_step = [], 0, None
             return None
@@ -124,13 +143,35 @@ class _RuleEvaluator:
             return None
 
         firing = Firing(
-            rule, state.metric, step, value, stats, tuple(state.window), tuple(state.streak)
+            rule,
+            state.metric,
+            step,
+            value,
+            stats,
+            tuple(state.window),
+            tuple(state.streak),
+            tuple(state.ranks),
         )
         state.status = Status.FIRED
         state.fired_count += 1
         state.last_fired_evaluation, state.last_fired_step = state.evaluations, step
         state.streak, state.streak_length, state.active_since_step = [], 0, None
         return firing
+
+    def _missing(self, state: RuleState, missing: list[int]) -> float | None:
+        """How many ranks were missing from every step of the streak, with this one.
+
+        None if fewer than ``at_least`` (then the streak starts again here, if this step alone
+        has enough).
+        """
+        assert self.rule.missing_ranks is not None
+        at_least = self.rule.missing_ranks.at_least
+        still = sorted(set(state.ranks) & set(missing)) if state.streak_length else []
+        if len(still) < at_least:
+            state.streak, state.streak_length, state.active_since_step = [], 0, None
+            still = sorted(missing)
+        state.ranks = still if len(still) >= at_least else []
+        return float(len(still)) if state.ranks else None
 
     def _observe(self, state: RuleState, step: int, value: float) -> float | None:
         """Return the value to compare: ``value``, or the window statistic once it is full."""
@@ -148,7 +189,10 @@ class RuleEngine:
 
     def __init__(self, ruleset: RuleSet) -> None:
         self._ruleset = ruleset
-        self._evaluators = tuple(_RuleEvaluator(rule) for rule in ruleset.rules)
+        self._evaluators = tuple(
+            _RuleEvaluator(rule) for rule in ruleset.rules if rule.silent is None
+        )
+        self._silent = tuple(rule for rule in ruleset.rules if rule.silent is not None)
 
     @property
     def ruleset(self) -> RuleSet:
@@ -158,7 +202,23 @@ class RuleEngine:
     @property
     def rules(self) -> tuple[Rule, ...]:
         """The rules, in file order (the order they are evaluated in)."""
-        return tuple(evaluator.rule for evaluator in self._evaluators)
+        return tuple(self._ruleset.rules)
+
+    @property
+    def watches_silence(self) -> bool:
+        """Whether a rule fires on silence (then :meth:`silences` has work to do)."""
+        return bool(self._silent)
+
+    def silences(self, state: RunState, now_ns: int) -> list[ControlCommand]:
+        """The commands of the silence rules due for this run attempt at ``now_ns``.
+
+        The firings are recorded in ``state`` (once per silence; :mod:`rlpulse.rules.silence`).
+        """
+        return silence.silences(self._silent, state, now_ns)
+
+    def silence_due_ns(self, state: RunState) -> int | None:
+        """When a silence rule is next due for this run attempt (None: none watches it)."""
+        return silence.due_ns(self._silent, state)
 
     def new_state(self, run_id: str, attempt: int) -> RunState:
         """Return an empty state for a run attempt (``evaluate`` makes one from ``None``)."""
@@ -217,7 +277,7 @@ class RuleEngine:
         dropped (``evaluate`` also ignores a state whose version differs). The stage
         positions and the run attempt's stop are kept: they do not depend on the rules.
         """
-        versions = {evaluator.rule.id: evaluator.version for evaluator in self._evaluators}
+        versions = {rule.id: rule.version for rule in self._ruleset.rules}
         for stage in state["stages"].values():
             stage["rules"] = {
                 rule_id: rule_state
@@ -258,6 +318,11 @@ def _evidence(firing: Firing) -> dict[str, float]:
     """``value``, the threshold(s), and the values behind the decision as ``step_<n>``."""
     when = firing.rule.when
     evidence = {"value": firing.value}
+    if firing.rule.missing_ranks is not None:
+        evidence["threshold"] = firing.rule.missing_ranks.at_least
+        evidence.update((f"rank_{rank}", 1.0) for rank in firing.ranks)
+        evidence.update((f"step_{step}", value) for step, value in firing.streak)
+        return evidence
     if isinstance(when, Comparison):
         evidence["threshold"] = when.threshold
     elif isinstance(when, Outside):
@@ -280,6 +345,8 @@ def _reason(firing: Firing, world_size: int) -> str:
     mean over 8 ranks``.
     """
     rule, when = firing.rule, firing.rule.when
+    if rule.missing_ranks is not None or when is None:
+        return _missing_reason(firing, world_size)
     shown = _show(firing.value, when)
     test = f"is {shown}" if isinstance(when, NonFinite) else f"{shown} {when}"
     if rule.over_steps is None:
@@ -299,9 +366,21 @@ def _reason(firing: Firing, world_size: int) -> str:
     return f"{text}; {_ranks(firing, world_size)}"
 
 
+def _missing_reason(firing: Firing, world_size: int) -> str:
+    """``ranks 2, 5 of 8 missing from 3 consecutive steps (38, 39, 40)``."""
+    ranks = ", ".join(str(rank) for rank in firing.ranks)
+    noun = "rank" if len(firing.ranks) == 1 else "ranks"
+    steps = [step for step, _ in firing.streak]
+    if len(steps) == 1:
+        return f"{noun} {ranks} of {world_size} missing from step {steps[0]}"
+    shown = ", ".join(str(step) for step in steps)
+    return f"{noun} {ranks} of {world_size} missing from {len(steps)} consecutive steps ({shown})"
+
+
 def _ranks(firing: Firing, world_size: int) -> str:
     """How the ranks were reduced: ``mean over 8 ranks, worst rank 5``."""
     stats, rule = firing.stats, firing.rule
+    assert stats is not None
     count = stats["count"]
     if count == 1:
         return f"reported by rank {stats['min_rank']} only"
@@ -321,6 +400,7 @@ def _ranks(firing: Firing, world_size: int) -> str:
 def _rank_behind(firing: Firing) -> int | None:
     """Return the rank whose value drove the decision, when the stats name it."""
     stats, rule, when = firing.stats, firing.rule, firing.rule.when
+    assert stats is not None
     if rule.across_ranks in ("min", "max"):
         return stats["min_rank"] if rule.across_ranks == "min" else stats["max_rank"]
     if isinstance(when, Comparison) and when.op in (">", ">=", "<", "<="):

@@ -555,6 +555,50 @@ class Expectation(_Model):
         return within_steps
 
 
+class Silence(_Model):
+    """``silent``: the run (or the rule's stage) started no step for too long.
+
+    The bound is ``max(factor x the median time between its recent steps, floor_s)``; until
+    two steps have started, ``floor_s`` alone. Samples (stage ``system``) do not count as
+    activity, nor do text records: a hung run still sends both.
+    """
+
+    factor: float = Field(
+        default=5.0,
+        gt=1,
+        le=1000,
+        description=(
+            "How many median step times without a new step make the run silent (more than 1)."
+        ),
+    )
+    floor_s: float = Field(
+        default=300.0,
+        ge=5,
+        le=7 * 86400,
+        description=(
+            "The shortest silence, in seconds, that fires (5 s to 7 days): the bound while the "
+            "steps are fast, or before two steps have started."
+        ),
+    )
+
+
+class MissingRanks(_Model):
+    """``missing_ranks``: ranks absent from the step's summary (closed without them)."""
+
+    at_least: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "How many ranks must be missing: the same ranks in each of the rule's for_steps "
+            "consecutive steps."
+        ),
+    )
+
+
+SILENCE_ACTIONS: Final = ("alert", "capture_stacks")
+"""The actions a silence rule may take: those no trainer has to carry out (a hung one cannot)."""
+
+
 class Rule(_Model):
     """One rule: which value to watch, when it is bad, and what to do about it."""
 
@@ -564,12 +608,28 @@ class Rule(_Model):
         description="Name of the rule, unique in the file; its commands and state carry it."
     )
     description: str | None = Field(default=None, description="Free text for people.")
-    metric: MetricNames = Field(
+    metric: MetricNames | None = Field(
+        default=None,
         description=(
             "The metric to watch: a name, or a list of aliases (names trainers or versions "
             "use for the same quantity). A list binds, per run attempt and stage, to the first "
-            "name present in the first summary that carries any of them."
-        )
+            "name present in the first summary that carries any of them. With `when`; a rule "
+            "has a metric, `silent` or `missing_ranks`."
+        ),
+    )
+    silent: Silence | None = Field(
+        default=None,
+        description=(
+            "Fire when the run (or `stage`) has started no step for longer than max(factor x "
+            "its median step time, floor_s); once per silence. Actions: alert, capture_stacks."
+        ),
+    )
+    missing_ranks: MissingRanks | None = Field(
+        default=None,
+        description=(
+            "Fire when the same ranks are missing from for_steps consecutive steps' summaries "
+            "(each closed without them); the command names them."
+        ),
     )
     stage: NonEmptyStr | None = Field(
         default=None,
@@ -592,12 +652,13 @@ class Rule(_Model):
             "not evaluated until the window is full."
         ),
     )
-    when: When = Field(
+    when: When | None = Field(
+        default=None,
         description=(
             "When the value is bad: '<op> <number>' with op one of > >= < <= == != (quote it "
             "in YAML: when: \"> 0.3\"), 'outside [a, b]', or 'non_finite' (NaN or infinite). "
-            "Comparisons with NaN are false."
-        )
+            "Comparisons with NaN are false. Required with `metric`."
+        ),
     )
     for_steps: int = Field(
         default=1,
@@ -644,6 +705,35 @@ class Rule(_Model):
     def _worst_needs_an_order(cls, when: Condition, info: ValidationInfo) -> Condition:
         return _check_worst(info.data.get("across_ranks"), when)
 
+    @model_validator(mode="after")
+    def _one_condition(self) -> Rule:
+        given = [name for name in ("metric", "silent", "missing_ranks") if getattr(self, name)]
+        if len(given) != 1:
+            raise ValueError(
+                "a rule watches one thing: give metric (with when), silent or missing_ranks"
+                + (f"; got {' and '.join(given)}" if given else "")
+            )
+        if self.metric is not None:
+            if self.when is None:
+                raise ValueError("a rule with a metric needs when")
+            return self
+        unused = ["when", "across_ranks", "over_steps", "expect"]
+        if self.silent is not None:
+            unused += ["for_steps", "cooldown_steps"]
+        fields = type(self).model_fields
+        extra = [name for name in unused if getattr(self, name) != fields[name].default]
+        kind = "silent" if self.silent is not None else "missing_ranks"
+        if extra:
+            raise ValueError(f"{extra[0]} does not apply to a {kind} rule")
+        if self.silent is not None:
+            taken = [a.type for a in self.actions if a.type not in SILENCE_ACTIONS]
+            if taken:
+                raise ValueError(
+                    f"a silent rule may only {' or '.join(SILENCE_ACTIONS)} (a hung trainer "
+                    f"cannot apply {taken[0]})"
+                )
+        return self
+
     @field_validator("actions")
     @classmethod
     def _stop_comes_last(cls, actions: list[ActionSpec]) -> list[ActionSpec]:
@@ -676,8 +766,8 @@ class Rule(_Model):
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        """The metric name, or the alias names in order of preference."""
-        return metric_names(self.metric)
+        """The metric name, or the alias names in order of preference (none: no metric)."""
+        return () if self.metric is None else metric_names(self.metric)
 
     @property
     def stops(self) -> bool:
@@ -692,6 +782,9 @@ class Rule(_Model):
         the rule's state (a pending check keeps the expectation it was issued with).
         """
         definition = self.model_dump(exclude={"expect"})
+        for name in ("silent", "missing_ranks"):  # absent: the versions of earlier releases
+            if definition[name] is None:
+                del definition[name]
         normalised = json.dumps(definition, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(normalised.encode()).hexdigest()[:12]
 

@@ -38,11 +38,29 @@ class StageState(TypedDict):
     rules: dict[str, dict[str, Any]]
 
 
+class Pace(TypedDict):
+    """When a stage (or the whole run) started its newest steps (:mod:`rlpulse.rules.silence`)."""
+
+    stage: str  # the stage that started the newest step
+    step: int  # the newest step started
+    started_ns: int  # when the pipeline took its first event
+    starts: list[list[int]]  # [step, started_ns] of the recent starts, oldest first
+
+
+class SilenceRecord(TypedDict):
+    """The newest step a silence rule fired for, and when."""
+
+    step: int
+    issued_ns: int
+
+
 class RunState(TypedDict):
     """The whole evaluator state of one run attempt (run_id, attempt).
 
     ``checks`` and ``early_acks`` belong to the verdicts (:mod:`rlpulse.rules.verdicts`);
-    a state without them (written before verdicts existed) has none open.
+    a state without them (written before verdicts existed) has none open. ``pace``,
+    ``silences``, ``tags`` and ``ended`` belong to the silence rules
+    (:mod:`rlpulse.rules.silence`).
     """
 
     format: int
@@ -52,6 +70,10 @@ class RunState(TypedDict):
     stages: dict[str, StageState]
     checks: NotRequired[dict[str, Any]]
     early_acks: NotRequired[dict[str, Any]]
+    pace: NotRequired[dict[str, Pace]]  # stage name (or "*", the run) -> its pace
+    silences: NotRequired[dict[str, SilenceRecord]]  # rule id -> its last firing
+    tags: NotRequired[dict[str, str]]
+    ended: NotRequired[bool]  # its run_end arrived
 
 
 def new_run_state(run_id: str, attempt: int) -> RunState:
@@ -108,6 +130,7 @@ class RuleState:
     fired_count: int = 0
     last_fired_evaluation: int | None = None
     last_fired_step: int | None = None
+    ranks: list[int] = field(default_factory=list)  # missing_ranks: missing from every streak step
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-serialisable form kept in :class:`StageState`."""
@@ -123,6 +146,7 @@ class RuleState:
             "fired_count": self.fired_count,
             "last_fired_evaluation": self.last_fired_evaluation,
             "last_fired_step": self.last_fired_step,
+            "ranks": list(self.ranks),
         }
 
     @classmethod
@@ -141,6 +165,7 @@ class RuleState:
                 fired_count=int(data["fired_count"]),
                 last_fired_evaluation=data["last_fired_evaluation"],
                 last_fired_step=data["last_fired_step"],
+                ranks=[int(rank) for rank in data.get("ranks", ())],
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise RuleStateError(f"malformed rule state {data!r}: {exc!r}") from exc

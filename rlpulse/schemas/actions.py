@@ -133,6 +133,9 @@ class ActionContract:
     """The alert's severity when the command says none."""
     notified_by_default: bool = False
     """Whether ``exporter.notify_actions`` holds this action unless set otherwise."""
+    for_trainer: bool = True
+    """Whether a trainer carries it out (``alert``: the exporter does, ``capture_stacks``: the
+    host agents; a trainer acks those ``noop``)."""
 
     def param(self, name: str) -> ParamSpec:
         """The parameter called ``name``; ``KeyError`` if the action has none."""
@@ -350,6 +353,25 @@ ACTIONS: Final = ActionContracts(
             alert_name="RlpulseRuleAlert",
             alert_severity="warning",
             notified_by_default=True,
+            for_trainer=False,
+        ),
+        ActionContract(
+            "capture_stacks",
+            "Take every thread's Python stack of each rank process of the run, from outside "
+            "(the host agents signal the ranks; the stacks go to the logs topic, logger "
+            "rlpulse.stacks).",
+            (
+                ParamSpec(
+                    "wait_s",
+                    ParamKind.NUMBER,
+                    "How long an agent waits for a rank's stacks before it reports the rank "
+                    "silent (default 10 s).",
+                    gt=0,
+                ),
+            ),
+            alert_name="RlpulseStacksCaptured",
+            alert_severity="info",
+            for_trainer=False,
         ),
         ActionContract(
             "scale_rollout_batch",

@@ -8,10 +8,16 @@ the source of truth.
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired, TypedDict
+from typing import Final, Literal, NotRequired, TypedDict
 
 EventKind = Literal["metrics", "log", "run_start", "run_end"]
 ClosedBy = Literal["complete", "grace", "run_end"]
+
+SYSTEM_STAGE: Final = "system"
+"""The stage of the system sampler's events (:mod:`rlpulse.producers.caller.system`)."""
+SAMPLE_STAGES: Final = frozenset({SYSTEM_STAGE})
+"""Stages whose ``step`` numbers samples, not training steps: a hung run still sends them,
+and their ranks sample at their own pace."""
 CommandOrigin = Literal["rule", "operator"]
 AckStatus = Literal["applied", "noop", "rejected", "failed"]
 VerdictKind = Literal["effective", "ineffective", "unknown"]

@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlpulse.rules import verdicts
+from rlpulse.rules import silence, verdicts
 from rlpulse.rules.evaluator import RuleEngine
 from rlpulse.rules.state import RunState, new_run_state
 from rlpulse.schemas.records import (
+    SAMPLE_STAGES,
     ActionVerdict,
     CommandAck,
     ControlCommand,
@@ -62,6 +63,8 @@ class StepOutput:
     """The event was a duplicate by (producer_id, seq) and changed nothing."""
     ended: list[ActionVerdict] = field(default_factory=list)
     """Verdicts decided by a ``run_end`` or an ack, after those of ``released``."""
+    silences: list[ControlCommand] = field(default_factory=list)
+    """Commands of silence rules (a tick's), after those of ``released``."""
 
     @property
     def summaries(self) -> list[StepSummary]:
@@ -71,7 +74,7 @@ class StepOutput:
     @property
     def commands(self) -> list[ControlCommand]:
         """Every command issued, in order."""
-        return [command for item in self.released for command in item.commands]
+        return [command for item in self.released for command in item.commands] + self.silences
 
     @property
     def verdicts(self) -> list[ActionVerdict]:
@@ -118,15 +121,31 @@ class StepPipeline:
         summaries it released were evaluated.
         """
         outcome = self.joiner.add(event, now_ns)
+        if outcome.rejected is None and not outcome.duplicate:
+            self._note_activity(event, now_ns)
         released = self._evaluate(outcome.summaries, now_ns)
         ended: list[ActionVerdict] = []
         if event["kind"] == "run_end" and outcome.rejected is None:
             key = run_key(event["run_id"], event["attempt"])
             state: RunState | None = self.tables.rules.get(key)
-            if state is not None and state.get("checks"):
-                ended = verdicts.end_attempt(state, now_ns)
+            if state is not None and (state.get("checks") or not state.get("ended")):
+                ended = verdicts.end_attempt(state, now_ns) if state.get("checks") else []
+                state["ended"] = True
                 self.tables.rules[key] = state
         return StepOutput(released, outcome.rejected, outcome.duplicate, ended)
+
+    def _note_activity(self, event: TrainerEvent, now_ns: int) -> None:
+        """A metrics event of a step no stage of its run started yet starts the silence clock.
+
+        Samples (stage ``system``) are not activity (:mod:`rlpulse.rules.silence`).
+        """
+        if event["kind"] != "metrics" or event["stage"] in SAMPLE_STAGES:
+            return
+        key = run_key(event["run_id"], event["attempt"])
+        stored: RunState | None = self.tables.rules.get(key)
+        state = stored if stored is not None else new_run_state(event["run_id"], event["attempt"])
+        if silence.note_start(state, event["stage"], event["step"], now_ns, event["tags"] or {}):
+            self.tables.rules[key] = state
 
     def acknowledge(self, ack: CommandAck, now_ns: int) -> StepOutput:
         """Take a trainer's ack: it may decide its command's verdict (in ``ended``)."""
@@ -137,12 +156,46 @@ class StepPipeline:
         self.tables.rules[key] = state
         return StepOutput(ended=decided)
 
-    def expire(self, now_ns: int, stage_keys: Iterable[str] | None = None) -> StepOutput:
-        """Close the steps whose grace ran out and emit the revisions whose linger ran out.
+    def expire(
+        self,
+        now_ns: int,
+        stage_keys: Iterable[str] | None = None,
+        run_keys: Iterable[str] | None = None,
+    ) -> StepOutput:
+        """Close overdue steps, emit lingering revisions, issue the due silence commands.
 
-        In ``stage_keys``, else everywhere. The rule engine evaluates revision 1 only.
+        Steps whose grace ran out and revisions whose linger ran out in ``stage_keys``,
+        silences of the run attempts in ``run_keys``; each None: everywhere. The rule engine
+        evaluates revision 1 only.
         """
-        return StepOutput(self._evaluate(self.joiner.expire(now_ns, stage_keys), now_ns))
+        released = self._evaluate(self.joiner.expire(now_ns, stage_keys), now_ns)
+        engine = self._engine()
+        if not engine.watches_silence:
+            return StepOutput(released)
+        issued: list[ControlCommand] = []
+        for key in list(self.tables.rules) if run_keys is None else run_keys:
+            state: RunState | None = self.tables.rules.get(key)
+            if state is None or "pace" not in state:
+                continue
+            commands = engine.silences(state, now_ns)
+            if commands:
+                self.tables.rules[key] = state
+                issued += commands
+        return StepOutput(released, silences=issued)
+
+    def silence_due_ns(self) -> int | None:
+        """When the next silence rule is due for any run attempt (None: none is watched)."""
+        engine = self._engine()
+        if not engine.watches_silence:
+            return None
+        return min(
+            (
+                due
+                for state in self.tables.rules.values()
+                if "pace" in state and (due := engine.silence_due_ns(state)) is not None
+            ),
+            default=None,
+        )
 
     def _evaluate(self, summaries: list[StepSummary], now_ns: int) -> list[Released]:
         released: list[Released] = []

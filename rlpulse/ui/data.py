@@ -20,6 +20,7 @@ import itertools
 import logging
 import math
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -37,6 +38,14 @@ from rlpulse.archive.exceptions import ArchiveError, QueryError
 from rlpulse.archive.store import ArchiveStore
 from rlpulse.archive.tables import run_partition, tables_of
 from rlpulse.offline.drilldown import step_context
+from rlpulse.offline.stacks import (
+    CAPTURE_QUERY,
+    SILENCE_WORDS,
+    capture_parameters,
+    describe_groups,
+    group_ranks,
+    newest_capture,
+)
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
@@ -423,6 +432,48 @@ class RunData:
         for row in rows:
             row["issued"] = _iso(row.pop("issued_ns"))
         return jsonable(rows)  # type: ignore[no-any-return]
+
+    def quiet(self, run_id: str) -> dict[str, Any]:
+        """Whether the run is silent, and the ranks of its newest stack capture, grouped.
+
+        Silent: a silence rule fired for the newest step the run started (its command's
+        reason says "started no step"). ``every_s``: the median time per step over the last
+        20 steps before it.
+        """
+        starts = self._query(
+            "SELECT step, min(first_event_ns) AS started_ns FROM steps WHERE "
+            f"{_RUN} AND stage <> 'system' GROUP BY step ORDER BY step DESC LIMIT 21",
+            self._run(run_id),
+        )
+        fired = self._query(
+            f"SELECT step, issued_ns, reason FROM commands WHERE {_RUN} AND reason LIKE ? "
+            "ORDER BY issued_ns DESC LIMIT 1",
+            [*self._run(run_id), f"% {SILENCE_WORDS} %"],
+        )
+        silence = None
+        if starts and fired and fired[0]["step"] >= starts[0]["step"]:
+            ordered = sorted(starts, key=lambda row: row["step"])
+            per_step = [
+                (b["started_ns"] - a["started_ns"]) / (b["step"] - a["step"]) / 1e9
+                for a, b in itertools.pairwise(ordered)
+                if b["step"] > a["step"] and a["started_ns"] and b["started_ns"]
+            ]
+            silence = {
+                "step": starts[0]["step"],
+                "since": _iso(starts[0]["started_ns"]),
+                "every_s": statistics.median(per_step) if per_step else None,
+                "reason": fired[0]["reason"],
+            }
+        capture = newest_capture(self._query(CAPTURE_QUERY, capture_parameters(run_id)))
+        groups = None
+        if capture is not None:
+            command_id, ranks = capture
+            groups = {
+                "command_id": command_id,
+                "ranks": len(ranks),
+                "groups": describe_groups(group_ranks(ranks)),
+            }
+        return jsonable({"silence": silence, "stacks": groups})  # type: ignore[no-any-return]
 
     def step(self, run_id: str, step: int, margin_s: float = 2.0) -> dict[str, Any]:
         """Everything about one step: summaries, ranks' metrics, logs, commands, acks, verdicts.

@@ -1,7 +1,7 @@
 """The run page's web server: static pages and the JSON they ask for (aiohttp).
 
 Pages: ``/`` (the run list) and ``/run?id=RUN`` (one run; ``&compare=OTHER`` overlays a
-second run). JSON under ``/api/``: ``status``, ``runs``, ``run``, ``series``, ``timing``,
+second run). JSON under ``/api/``: ``status``, ``runs``, ``run``, ``series``, ``timing``, ``quiet``,
 ``heatmap``, ``commands`` and ``step``; each takes the run as ``id``. An unknown run or step
 answers 404 with ``{"error": "..."}``; an archive that cannot be read, 503 with its reason;
 both are logged. The queries run on a worker thread, one at a time (:class:`RunData` holds
@@ -118,6 +118,7 @@ class UiServer:
                 min(_number(request, "max_steps", 1000), _MAX_CELLS),
             ),
             "commands": lambda request: self.data.commands(_text(request, "id")),
+            "quiet": lambda request: self.data.quiet(_text(request, "id")),
             "step": lambda request: self.data.step(_text(request, "id"), _number(request, "step")),
         }
         for name, answer in api.items():

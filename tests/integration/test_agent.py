@@ -55,12 +55,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_child(script: str, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """Start ``script`` with ``args``; its stdout lines gather in the list returned."""
+    """Start ``script`` with ``args``; its stdout lines gather in the list returned (read by
+    one thread only: wait for the child with ``wait``, never ``communicate``)."""
     child = subprocess.Popen(
         [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True
     )
     lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(child.stdout or []), daemon=True).start()
+
+    def read() -> None:
+        for line in child.stdout or ():
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
     return child, lines
 
 
@@ -239,13 +245,14 @@ def test_an_agent_killed_mid_run_loses_and_repeats_nothing(
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
-        out, _err = child.communicate(timeout=120)
+        child.wait(timeout=120)
+        wait_for(lambda: lines and lines[-1].startswith("[["), "the ranks' last line", 10.0)
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
     assert child.returncode == 0
-    ranks = json.loads((out or "".join(lines)).strip().splitlines()[-1])
+    ranks = json.loads(lines[-1])
     all_events = events_on_topic(kafka_bootstrap, topics.events)
     all_records = log_records_on_topic(kafka_bootstrap, topics.logs)
     for producer_id, logged, left in ranks:

@@ -115,11 +115,31 @@ def _values(messages: list[Any]) -> list[bytes]:
     return [message.value() for message in messages]
 
 
+FAILED_REQUESTS: dict[int, list[str]] = {}
+"""Per page (its id): each request that failed or answered 400 or more."""
+
+
 def _open(browser: Browser, url: str) -> Page:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    failed = FAILED_REQUESTS.setdefault(id(page), [])
+    page.on("requestfailed", lambda request: failed.append(f"{request.url}: failed"))
+    page.on(
+        "response",
+        lambda response: (
+            failed.append(f"{response.url}: {response.status}") if response.status >= 400 else None
+        ),
+    )
     page.goto(url)
     page.wait_for_function("window.rlpulseReady === true", timeout=LOAD_MS)
     return page
+
+
+def _tick_labels(page: Page, selector: str) -> list[str]:
+    """The texts of a chart's axis tick labels (SVG text, so read as textContent)."""
+    labels: list[str] = page.evaluate(
+        "s => Array.from(document.querySelectorAll(s)).map(t => t.textContent)", selector
+    )
+    return labels
 
 
 def _run_url(recorded: Recorded, run_id: str | None = None) -> str:
@@ -166,6 +186,11 @@ def test_the_charts_have_a_point_per_step_and_a_cell_per_rank_and_step(
     assert len(heat["z"]) == WORLD_SIZE and all(len(row) == len(steps) for row in heat["z"])
     assert all(value is not None for row in heat["z"] for value in row)  # every rank reported
     assert "1 rank \u00d7 1 step" in page.locator("#heat-resolution").inner_text()
+    rank_ticks = _tick_labels(page, "#heatmap .ytick text")
+    assert rank_ticks == [str(rank) for rank in range(WORLD_SIZE)], rank_ticks  # whole ranks
+    count_ticks = _tick_labels(page, "#timing .y2tick text")
+    assert count_ticks and all(tick.isdigit() for tick in count_ticks), count_ticks
+    assert FAILED_REQUESTS[id(page)] == []  # every resource the page asked for came
     shot = _screenshot(page, "run-page.png", tmp_path)
     assert shot.stat().st_size > 10_000
 

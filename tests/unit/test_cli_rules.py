@@ -60,9 +60,9 @@ def test_presets_pass() -> None:
     assert (code, err) == (0, [])
     assert out == [
         f"ok: {PRESETS / 'openrlhf.yaml'} (12 rules)",
-        f"ok: {PRESETS / 'seed.yaml'} (2 rules)",
-        f"ok: {PRESETS / 'trl.yaml'} (12 rules)",
-        f"ok: {PRESETS / 'verl.yaml'} (14 rules)",
+        f"ok: {PRESETS / 'seed.yaml'} (3 rules)",
+        f"ok: {PRESETS / 'trl.yaml'} (13 rules)",
+        f"ok: {PRESETS / 'verl.yaml'} (15 rules)",
     ]
 
 
@@ -108,7 +108,7 @@ def test_no_arguments_shows_help() -> None:
 def test_preset_names_are_checked_like_files() -> None:
     code, out, err = check("seed", "verl")
     assert (code, err) == (0, [])
-    assert out == ["ok: seed (2 rules)", f"ok: verl ({len(load_preset('verl').rules)} rules)"]
+    assert out == ["ok: seed (3 rules)", f"ok: verl ({len(load_preset('verl').rules)} rules)"]
 
 
 TYPO_RULES = """version: 1

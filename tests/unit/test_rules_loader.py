@@ -26,12 +26,14 @@ def problems(text: str) -> list[RuleProblem]:
 def test_seed_preset_loads() -> None:
     seed = load_preset("seed")
     assert "seed" in list_presets()
-    assert [rule.id for rule in seed.rules] == ["unstable-reward", "kl-guard"]
+    assert [rule.id for rule in seed.rules] == ["unstable-reward", "kl-guard", "run-silent"]
     assert seed.model_dump()["rules"] == [
         {
             "id": "unstable-reward",
             "description": None,
             "metric": "reward_mean",
+            "silent": None,
+            "missing_ranks": None,
             "stage": "rollout",
             "across_ranks": "mean",
             "over_steps": {"window": 5, "stat": "var"},
@@ -55,6 +57,8 @@ def test_seed_preset_loads() -> None:
             "id": "kl-guard",
             "description": None,
             "metric": "kl_divergence",
+            "silent": None,
+            "missing_ranks": None,
             "stage": None,
             "across_ranks": "mean",
             "over_steps": None,
@@ -65,6 +69,33 @@ def test_seed_preset_loads() -> None:
             "mode": "enforce",
             "match": None,
             "actions": [{"checkpoint": {"tag": "kl_violation"}}, {"stop": {}}],
+            "expect": None,
+        },
+        {
+            "id": "run-silent",
+            "description": None,
+            "metric": None,
+            "silent": {"factor": 5.0, "floor_s": 300.0},
+            "missing_ranks": None,
+            "stage": None,
+            "across_ranks": "mean",
+            "over_steps": None,
+            "when": None,
+            "for_steps": 1,
+            "cooldown_steps": 0,
+            "once": False,
+            "mode": "enforce",
+            "match": None,
+            "actions": [
+                {
+                    "alert": {
+                        "severity": "critical",
+                        "message": "The run stopped starting steps: see the stacks of its ranks "
+                        "(rlpulse show RUN --stacks).",
+                    }
+                },
+                {"capture_stacks": {"wait_s": None}},
+            ],
             "expect": None,
         },
     ]
@@ -143,10 +174,10 @@ WHEN_SYNTAX = (
     "'outside [a, b]' or 'non_finite'"
 )
 QUOTE_HINT = "(quote values that start with '>', '|' or '!', e.g. when: \"> 0.5\")"
-ACTIONS = "expected one of: stop, checkpoint, alert, scale_rollout_batch, set"
+ACTIONS = "expected one of: stop, checkpoint, alert, capture_stacks, scale_rollout_batch, set"
 RULE_KEYS = (
     "expected one of: across_ranks, actions, cooldown_steps, description, expect, for_steps, "
-    "id, match, metric, mode, once, over_steps, stage, when"
+    "id, match, metric, missing_ranks, mode, once, over_steps, silent, stage, when"
 )
 
 # Every *.bad.yaml fixture -> its problems, exactly as reported after "<file>:".

@@ -25,6 +25,7 @@ from typing import Final, get_args
 
 from rlpulse.oncelog import WarnOnce
 from rlpulse.producers.caller.rankfiles import RankFileSink
+from rlpulse.producers.caller.stacks import STACKS_DIRECTORY, enable_stack_dumps
 from rlpulse.producers.delivery.agent_place import AgentBell, AgentPlace
 from rlpulse.producers.delivery.agent_process import place_for, start_detached
 from rlpulse.producers.delivery.spool_root import SpoolRoot, resolve_spool_root
@@ -128,6 +129,7 @@ class EventLogger:
         self.settings = settings if settings is not None else Settings()
         self.producer_id = uuid.uuid4().hex
         self.hostname = self.settings.producer.hostname or socket.gethostname()
+        self._made_by = threading.get_ident()  # the training loop's thread, first in its stacks
         self._limits = self.settings.limits
         self._warn_once = WarnOnce(log)
         """This logger's memory of the kinds of trouble it warned about."""
@@ -655,9 +657,14 @@ class EventLogger:
         producer_settings = self.settings.producer
         spool = self._spool()
         place = place_for(self.settings, spool)
+        dump = enable_stack_dumps(
+            self.settings.agent.stacks_signal, place.directory / STACKS_DIRECTORY
+        )
         meta = LogMeta(
             self.wal_dir, self.run_id, self.producer_id, self._topic, self._logs_topic,
-            time.time_ns(), self.hostname, os.getpid(), place.key, PROTOCOL,
+            time.time_ns(), self.hostname, os.getpid(), place.key, PROTOCOL, self.rank,
+            self.attempt, self._made_by, None if dump is None else dump.signum,
+            None if dump is None else str(dump.path),
         )  # fmt: skip
         try:
             self._bell = AgentBell(place)

@@ -28,12 +28,12 @@ from typing import Any, Final
 from rlpulse.producers.caller.logger import EventLogger
 from rlpulse.producers.encoding.fields import EventFields
 from rlpulse.producers.exceptions import ProducerClosedError
+from rlpulse.schemas.records import SYSTEM_STAGE
 
 __all__ = ["SYSTEM_STAGE", "GpuProbe", "SystemSampler", "sample_process"]
 
 log = logging.getLogger(__name__)
 
-SYSTEM_STAGE: Final = "system"
 _STATM: Final = "/proc/self/statm"
 
 

@@ -38,6 +38,7 @@ import select
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ from rlpulse.producers.delivery.agent_place import (
 )
 from rlpulse.producers.delivery.clock import ClockOffset
 from rlpulse.producers.delivery.shipper import LogShipper, Producers
+from rlpulse.producers.delivery.stacks import StackTaker
 from rlpulse.producers.delivery.wal import (
     LOCK_NAME,
     PROTOCOL,
@@ -66,6 +68,8 @@ from rlpulse.producers.delivery.wal import (
     logs_in,
     path_name,
 )
+from rlpulse.schemas import default_codec
+from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.clients import ClientDiagnostics, new_consumer, trainer_producer
 from rlpulse.transport.roles import control_group_prefix
@@ -86,6 +90,8 @@ GATHER_S: Final = 0.002
 log within milliseconds, delivery reports come in bunches): one look serves them all.
 librdkafka holds a message ``producer.linger_ms`` (5 ms) anyway."""
 _LOCK_TRIES_S: Final = 1.0
+FINISHED_KEPT: Final = 4096
+"""Logs sent whole and deleted that a stack capture still reports (their process is gone)."""
 
 
 @dataclass
@@ -129,6 +135,8 @@ class HostAgent:
         self._diagnostics = ClientDiagnostics(f"agent of {place.host}", settings)
         self._read_back_diagnostics = ClientDiagnostics(f"read-back of {place.host}", settings)
         self._claim: WalClaim | None = None
+        self._stacks: StackTaker | None = None
+        self._finished: deque[LogMeta] = deque(maxlen=FINISHED_KEPT)
         self._ear: int | None = None
         self._reports_r: int | None = None
         self._reports_w: int | None = None
@@ -229,6 +237,29 @@ class HostAgent:
         for producer in (producers.events, producers.logs):
             with contextlib.suppress(KafkaException):
                 producer.list_topics(f"{self.place.prefix}.events", timeout=1.0)
+        self._stacks = StackTaker(
+            host=self.place.host,
+            control_topic=Topics(prefix=self.place.prefix).control,
+            codec=default_codec(),
+            signing_key=self.settings.security.signing_key(),
+            logs=self._known_logs,
+            new_consumer=self._control_consumer,
+            producer=lambda: producers.logs,
+        )
+        self._stacks.start()
+
+    def _known_logs(self) -> list[LogMeta]:
+        """The logs served now and those finished lately (another thread asks: copies)."""
+        while True:
+            try:
+                served = [each.shipper.meta for each in list(self.served.values())]
+                return [*served, *list(self._finished)]
+            except RuntimeError:  # changed while copied
+                continue
+
+    def _control_consumer(self) -> Consumer:
+        group = f"{control_group_prefix(self.settings.prefix)}stacks"
+        return new_consumer(self.settings, group, f"stacks of {self.place.host}")
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -403,6 +434,7 @@ class HostAgent:
                 state = shipper.state
                 shipper.close(delete=True)
                 del self.served[path]
+                self._finished.append(shipper.meta)  # a capture still names its process
                 log.info(
                     "sent %s whole (%d record(s); %d found on the topics already); deleted",
                     path,
@@ -533,6 +565,9 @@ class HostAgent:
 
     def _leave(self) -> None:
         """Release every log (what was not sent stays), then the agent's lock."""
+        if self._stacks is not None:
+            self._stacks.stop()
+            self._stacks = None
         if self._producers is not None:
             self._producers.purge()
             self._producers.close()

@@ -194,6 +194,17 @@ class LogMeta:
     protocol: int = PROTOCOL
     """The write-ahead log protocol its frames follow (:data:`PROTOCOL`; a ``meta.json``
     without one is of protocol 1)."""
+    rank: int | None = None
+    """The rank that writes it (None: a log of an earlier release)."""
+    attempt: int | None = None
+    """Its run attempt (None: a log of an earlier release)."""
+    thread: int | None = None
+    """The ident of the thread that made the logger: the training loop's, listed first in a
+    stack dump."""
+    stacks_signal: int | None = None
+    """The signal on which the writing process dumps its stacks (None: it does not)."""
+    stacks_file: str | None = None
+    """The file the writing process dumps its stacks to."""
 
     def write(self) -> None:
         """Write ``meta.json`` into the log's directory (atomically)."""
@@ -208,6 +219,11 @@ class LogMeta:
             "created_ns": self.created_ns,
             "agent": self.agent,
             "protocol": self.protocol,
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "thread": self.thread,
+            "stacks_signal": self.stacks_signal,
+            "stacks_file": self.stacks_file,
         }
         path = self.directory / META_NAME
         temporary = path.with_name(META_NAME + ".tmp")
@@ -230,9 +246,18 @@ class LogMeta:
                 None if document.get("pid") is None else int(document["pid"]),
                 None if document.get("agent") is None else str(document["agent"]),
                 int(document.get("protocol", 1)),
+                _optional_int(document.get("rank")),
+                _optional_int(document.get("attempt")),
+                _optional_int(document.get("thread")),
+                _optional_int(document.get("stacks_signal")),
+                None if document.get("stacks_file") is None else str(document["stacks_file"]),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+
+def _optional_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
 
 
 class WalClaim:

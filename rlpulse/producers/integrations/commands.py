@@ -53,6 +53,11 @@ def alert(action: Action) -> ActionResult:
     return ActionResult("noop", {"note": "alerts are raised by the exporter; logged here"})
 
 
+def left_to_agents(action: Action) -> ActionResult:
+    """The trainer's part of ``capture_stacks``: none (the host agents take the stacks)."""
+    return ActionResult("noop", {"note": "the host agents take the stacks"})
+
+
 def apply_command(command: ControlCommand, handlers: Mapping[str, ActionHandler]) -> Outcome:
     """Run ``command``'s actions in order with ``handlers``; return its ack.
 
@@ -80,6 +85,8 @@ def _run(
     command: ControlCommand, action: Action, handlers: Mapping[str, ActionHandler]
 ) -> tuple[AckStatus, Mapping[str, str]]:
     handler = handlers.get(action["type"])
+    if handler is None and action["type"] == "capture_stacks":
+        handler = left_to_agents
     try:
         if handler is None:
             raise ActionRejectedError(

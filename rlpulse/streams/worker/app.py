@@ -77,13 +77,13 @@ from prometheus_client import CollectorRegistry
 
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError
-from rlpulse.schemas.records import ActionVerdict
+from rlpulse.schemas.records import SAMPLE_STAGES, ActionVerdict, ControlCommand
 from rlpulse.schemas.signing import sign
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.schemas.validation import size_problem
 from rlpulse.settings import Settings
-from rlpulse.streams.keys import event_stage_key
-from rlpulse.streams.pipeline import PipelineTables, Released, StepPipeline
+from rlpulse.streams.keys import event_stage_key, run_key
+from rlpulse.streams.pipeline import PipelineTables, Released, StepOutput, StepPipeline
 from rlpulse.streams.rulebook import RuleBook
 from rlpulse.streams.worker.encoded import JsonValues
 from rlpulse.streams.worker.gap_reader import GapReader
@@ -324,6 +324,9 @@ class WorkerApp:
         self._tables = (self.groups, self.stages, self.runs, self.partition_stages, self.rule_state)
         # Stage keys this process has put in (or found in) its partition's index.
         self._indexed_stages: set[str] = set()
+        # Run attempt keys this process has put in its partition's index of watched runs
+        # (silence rules; under "r<partition>" in the same table).
+        self._indexed_runs: set[str] = set()
         # Partitions taken over since the last rebalance; what was read of each events
         # partition, and the stall watchdog's counts.
         self._owned: set[int] = set()
@@ -396,7 +399,12 @@ class WorkerApp:
             if not await self._may_expire(message.partition):
                 self.metrics.ticks_deferred.inc()
                 return
-            await self._hold(self._on_tick(message.partition), message)
+            output = self._on_tick(message.partition)
+            await self._hold(output.released, message)
+            if output.silences:
+                await self._send_held()
+                for command in output.silences:
+                    self._deliveries.append(await self._send_command(command))
             return
         for each in await self._in_order(message):
             if each.topic == self.acks_name:
@@ -444,6 +452,8 @@ class WorkerApp:
             output = self.pipeline.add(record, time.time_ns())
             if output.rejected is None and record["kind"] in ("metrics", "log"):
                 self._index_stage(message.partition, event_stage_key(record))
+                if record["stage"] not in SAMPLE_STAGES:
+                    self._index_run(message.partition, run_key(record["run_id"], record["attempt"]))
         except Exception as exc:  # a bug must not stop the worker: keep the event for a fix
             log.exception("joiner failed on %s", _source(message))
             deliveries.append(await self._dead_letter(message, f"error: {exc!r}"))
@@ -581,15 +591,30 @@ class WorkerApp:
         moving, unread = await self._progressing(partition)
         return moving and unread <= self.settings.worker.caught_up_lag
 
-    def _on_tick(self, partition: int) -> list[Released]:
-        key = f"p{partition}"
+    def _on_tick(self, partition: int) -> StepOutput:
+        key, runs_key = f"p{partition}", f"r{partition}"
         stage_keys: list[str] = list(self.partition_stages.get(key) or [])
-        released = self.pipeline.expire(time.time_ns(), stage_keys).released
+        run_keys: list[str] = list(self.partition_stages.get(runs_key) or [])
+        output = self.pipeline.expire(time.time_ns(), stage_keys, run_keys)
         alive = [k for k in stage_keys if k in self.stages]
         if len(alive) != len(stage_keys):
             self.partition_stages[key] = alive
             self._indexed_stages.difference_update(set(stage_keys) - set(alive))
-        return released
+        watched = [k for k in run_keys if _may_go_silent(self.rule_state.get(k))]
+        if len(watched) != len(run_keys):
+            self.partition_stages[runs_key] = watched
+            self._indexed_runs.difference_update(set(run_keys) - set(watched))
+        return output
+
+    def _index_run(self, partition: int, rkey: str) -> None:
+        """Remember which partition holds a run attempt, so its ticks watch it for silence."""
+        if rkey in self._indexed_runs:
+            return
+        key = f"r{partition}"
+        known: list[str] = list(self.partition_stages.get(key) or [])
+        if rkey not in known:
+            self.partition_stages[key] = [*known, rkey]
+        self._indexed_runs.add(rkey)
 
     def _index_stage(self, partition: int, skey: str) -> None:
         """Remember which partition holds a stage, so that partition's ticks can expire it."""
@@ -618,16 +643,20 @@ class WorkerApp:
             log.error("rule engine failed on %s: %s", summary["summary_id"], item.error)
             reason = f"error: {item.error}"
             deliveries.append(await self._send_dead_letter(key, encoded, reason, _source(source)))
-        signing_key = self.signing_key
         for command in item.commands:
-            self.metrics.count_command(command["rule_id"], dry_run=command["dry_run"])
-            signed = command if signing_key is None else sign(command, signing_key, self.codec)
-            deliveries.append(
-                await self.outbox.send(
-                    self.topics.control, key, self.codec.encode("ControlCommand", signed)
-                )
-            )
+            deliveries.append(await self._send_command(command))
         return deliveries + await self._send_verdicts(item.verdicts)
+
+    async def _send_command(self, command: ControlCommand) -> Awaitable[Any]:
+        """Sign (where signing is on) and send one command; returns its delivery."""
+        self.metrics.count_command(command["rule_id"], dry_run=command["dry_run"])
+        signing_key = self.signing_key
+        signed = command if signing_key is None else sign(command, signing_key, self.codec)
+        return await self.outbox.send(
+            self.topics.control,
+            command["run_id"].encode(),
+            self.codec.encode("ControlCommand", signed),
+        )
 
     async def _send_ticks(self) -> None:
         for partition in range(self.settings.worker.partitions):
@@ -662,3 +691,8 @@ class WorkerApp:
 
 def _source(message: Any) -> str:
     return f"{message.topic}/{message.partition}/{message.offset}"
+
+
+def _may_go_silent(state: Any) -> bool:
+    """Whether a run attempt's rule state may still go silent (not stopped, not ended)."""
+    return isinstance(state, dict) and state.get("stopped_by") is None and not state.get("ended")

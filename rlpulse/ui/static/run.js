@@ -149,9 +149,14 @@ async function drawHeatmap() {
     hovertemplate: `step %{x}, rank %{y}<br>${metric} %{z}<extra></extra>`,
   }], {
     margin: { t: 20, r: 20, l: 60, b: 40 }, plot_bgcolor: "rgb(200,200,200)",
-    xaxis: { title: { text: "step" } }, yaxis: { title: { text: "rank" } },
+    xaxis: { title: { text: "step" } }, yaxis: { title: { text: "rank" }, ...wholeTicks(Math.max(0, ...h.ranks)) },
     shapes: commandShapes(),
   }, CONFIG);
+}
+
+// Ranks and counts are whole numbers: ticks at 0, d, 2d, ... with about ten of them.
+function wholeTicks(largest) {
+  return { tick0: 0, dtick: Math.max(1, Math.ceil(largest / 10)), tickformat: "d" };
 }
 
 async function drawTiming(prefetched) {
@@ -170,7 +175,10 @@ async function drawTiming(prefetched) {
   await Plotly.react("timing", traces, {
     margin: { t: 20, r: 60, l: 60, b: 40 }, hovermode: "x", legend: { orientation: "h", y: -0.3 },
     xaxis: { title: { text: "step" } }, yaxis: { title: { text: "seconds" } },
-    yaxis2: { overlaying: "y", side: "right", title: { text: throughput ? "ranks / throughput" : "ranks" } },
+    yaxis2: {
+      overlaying: "y", side: "right", title: { text: throughput ? "ranks / throughput" : "ranks" },
+      ...(throughput ? {} : { rangemode: "tozero", ...wholeTicks(Math.max(1, ...t.ranks)) }),
+    },
     shapes: commandShapes(),
   }, CONFIG);
 }
@@ -258,6 +266,7 @@ async function refresh(tick) {
     state.commands = await getJSON("/api/commands", { id: runId });
     await drawMain();
     await drawTiming();
+    await drawQuiet();
     if (tick % (HEAT_EVERY_S * 1000 / LIVE_EVERY_MS) === 0) await drawHeatmap();
     drawCommands();
     document.getElementById("live").textContent = `live: updated ${new Date().toLocaleTimeString()}`;
@@ -267,6 +276,27 @@ async function refresh(tick) {
     document.getElementById("live").textContent = `live update failed: ${e.message} (retrying)`;
     setTimeout(() => refresh(tick + 1), LIVE_EVERY_MS * 3);
   }
+}
+
+// A silent run (a silence rule fired for its newest step) and its ranks' stacks, grouped.
+async function drawQuiet() {
+  const q = await getJSON("/api/quiet", { id: runId });
+  const box = document.getElementById("quiet");
+  box.hidden = !q.silence && !q.stacks;
+  if (box.hidden) return;
+  const s = q.silence;
+  let title = "Stacks of the ranks";
+  if (s) {
+    const since = new Date(s.since).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+    const pace = s.every_s ? `; one every ${s.every_s.toPrecision(3)} s before` : "";
+    title = `Silent: no step since ${since} (step ${s.step}${pace})`;
+  }
+  document.getElementById("quiet-title").textContent = title;
+  document.getElementById("quiet-reason").textContent = s ? s.reason : "";
+  const groups = q.stacks
+    ? [el("li", `stacks of ${q.stacks.ranks} rank(s), command ${q.stacks.command_id}:`), ...q.stacks.groups.map(g => el("li", g))]
+    : [el("li", "no stacks captured yet (rlpulse control stacks RUN, or a rule's capture_stacks)")];
+  document.getElementById("quiet-groups").replaceChildren(...groups);
 }
 
 function showRunStatus(me) {
@@ -305,7 +335,7 @@ async function main() {
   if (me) showRunStatus(me);
   try {
     state.commands = await early.commands;
-    await Promise.all([drawMain(), drawHeatmap(), drawTiming(early.timing)]);
+    await Promise.all([drawMain(), drawHeatmap(), drawTiming(early.timing), drawQuiet()]);
     drawCommands();
   } catch (e) { fail(`Cannot draw run ${runId}: ${e.message}`); return; }
   for (const id of ["main-chart", "heatmap", "timing"]) onClick(document.getElementById(id));
