@@ -19,7 +19,9 @@ seed rules
 plus a probe rule that answers every ``--probe-every``-th step with a command; KL passes 0.3
 ten steps before the end, so kl-guard stops every run. Scenarios (``--scenarios``):
 
-- ``a``: one run of ``--a-ranks`` (1,024) ranks as hosts of ``--a-host-ranks`` (8);
+- ``a``: one run of ``--a-ranks`` (1,024) ranks as hosts of ``--a-host-ranks`` (8), and
+  ``--capture-at-s`` (15) seconds into it an operator's ``capture_stacks``: how long until
+  the last rank's stacks are on the logs topic, and the agents' CPU for it;
 - ``b``: ``--b-runs`` (64) runs of ``--b-ranks`` (64) ranks on ``--b-hosts`` (64) hosts of 64
   ranks: each run spans 8 hosts, each host holds 8 runs' ranks, the runs' step phases
   staggered over the step as on a real cluster;
@@ -557,6 +559,11 @@ def scenario(
         written = Path(plan.go_file + ".tmp")
         written.write_text(repr(start))
         written.rename(plan.go_file)  # whole when a host sees it
+        capture = None
+        if name == "a" and args.capture_at_s > 0:
+            settings = Settings(bootstrap=bootstrap, prefix=prefix)
+            capture = StackCapture(settings, runs[0], spool, start + args.capture_at_s)
+            capture.start()
         deadline = time.monotonic() + (plan.steps + KL_GUARD_LEAD) * plan.step_s + 600
         while any(h.poll() is None for h in hosts) and time.monotonic() < deadline:
             time.sleep(2.0)
@@ -581,6 +588,9 @@ def scenario(
         )  # fmt: skip
         time.sleep(max(5.0, args.grace_s / 3))  # the last summaries and acks land
         report(name, plan, bootstrap, topics, outputs, worker)
+        if capture is not None:
+            capture.join()
+            capture.report(bootstrap, topics, ranks)
     finally:
         for h in hosts:
             if h.poll() is None:
@@ -588,6 +598,64 @@ def scenario(
         wait_agents_gone(spool, 120)  # they outlive their ranks: gone once all is sent
         if worker is not None:
             worker.stop()
+
+
+class StackCapture(threading.Thread):
+    """Scenario a's capture: ``capture_stacks`` for the run at ``at`` (epoch seconds), the
+    agents' CPU while they answer (against the same span before), each rank's record's
+    arrival on the logs topic (its LogAppendTime)."""
+
+    WAIT_S = 5.0
+    SPAN_S = 12.0
+
+    def __init__(self, settings: Settings, run_id: str, spool: Path, at: float) -> None:
+        super().__init__(daemon=True)
+        self.settings, self.run_id, self.spool, self.at = settings, run_id, spool, at
+        self.command_id = ""
+        self.issued_ns = 0
+        self.cpu_before_s = self.cpu_during_s = 0.0
+
+    def _agents_cpu(self) -> float:
+        total = 0.0
+        for pid in agent_pids(self.spool):
+            with contextlib.suppress(OSError):
+                total += cpu_s(pid)
+        return total
+
+    def run(self) -> None:
+        from rlpulse.ops.commands import action, operator_command, publish_command
+
+        time.sleep(max(0.0, self.at - self.SPAN_S - time.time()))
+        before = self._agents_cpu()
+        time.sleep(max(0.0, self.at - time.time()))
+        at_command = self._agents_cpu()
+        command = operator_command(self.run_id, [action("capture_stacks", wait_s=self.WAIT_S)])
+        self.command_id, self.issued_ns = command["command_id"], command["issued_ns"]
+        publish_command(self.settings, command)
+        time.sleep(self.SPAN_S)
+        self.cpu_before_s = at_command - before
+        self.cpu_during_s = self._agents_cpu() - at_command
+
+    def report(self, bootstrap: str, topics: Topics, ranks: int) -> None:
+        """Print the capture's figures."""
+        codec = default_codec()
+        arrived_ms: list[float] = []
+        outcomes: Counter[str] = Counter()
+        for message in read_topic(bootstrap, topics.logs):
+            batch = codec.decode_log_batch(message.value())
+            for entry in batch["entries"]:
+                if entry["fields"].get("command_id") == self.command_id:
+                    outcomes[entry["fields"].get("outcome", "?")] += 1
+                    arrived_ms.append(message.timestamp()[1] - self.issued_ns / 1e6)
+        emit(
+            "capture", scenario="a", ranks=ranks, records=len(arrived_ms),
+            outcomes=dict(outcomes),
+            command_to_stack_on_topic_p50_ms=percentile(arrived_ms, 50) if arrived_ms else None,
+            command_to_stack_on_topic_max_ms=round(max(arrived_ms), 1) if arrived_ms else None,
+            agents_cpu_s_during=round(self.cpu_during_s, 2),
+            agents_cpu_s_same_span_before=round(self.cpu_before_s, 2),
+            span_s=self.SPAN_S, wait_s=self.WAIT_S,
+        )  # fmt: skip
 
 
 AS_A_HOST = ("chrt", "--idle", "0")
@@ -943,6 +1011,10 @@ def main() -> None:
     parser.add_argument(
         "--start-batch", type=int, default=16, help="host processes started at a time"
     )
+    parser.add_argument(
+        "--capture-at-s", type=float, default=15.0,
+        help="(a): capture_stacks this many seconds into the run (0: none)",
+    )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the broker and workers stop too

@@ -221,7 +221,7 @@ def test_a_preset_is_published_as_its_text(kafka_bootstrap: str, topics: Topics)
     command += ["--bootstrap", kafka_bootstrap, "--prefix", topics.prefix]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"published seed (2 rules) to {topics.rules}")
+    assert result.stdout.startswith(f"published seed (3 rules) to {topics.rules}")
     text = resources.files("rlpulse.rules").joinpath("presets", "seed.yaml").read_bytes()
     (record,) = read_until(
         kafka_bootstrap, topics.rules, lambda value: value, lambda got: got != []

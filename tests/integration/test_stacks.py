@@ -44,6 +44,11 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 CODEC = default_codec()
 HUNG_RANK = Path(__file__).with_name("hung_rank.py")
+HANG_LINE = next(  # where hung_rank.py's rank 2 waits forever
+    number
+    for number, line in enumerate(HUNG_RANK.read_text().splitlines(), start=1)
+    if "threading.Event().wait()" in line
+)
 WORLD = 4
 RULES = """
 version: 1
@@ -55,15 +60,25 @@ rules:
 
 
 def start_ranks(
-    bootstrap: str, prefix: str, spool: Path, run_id: str
+    bootstrap: str, prefix: str, spool: Path, run_id: str, mode: str = "hang"
 ) -> list[subprocess.Popen[str]]:
     port = free_port()
+    ports = [str(port), str(free_port(avoid=(port,)))]
     ranks = []
     for rank in range(WORLD):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD)}
         ranks.append(
             subprocess.Popen(
-                [sys.executable, str(HUNG_RANK), bootstrap, prefix, str(spool), run_id, str(port)],
+                [
+                    sys.executable,
+                    str(HUNG_RANK),
+                    bootstrap,
+                    prefix,
+                    str(spool),
+                    run_id,
+                    *ports,
+                    mode,
+                ],
                 env=env,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -155,7 +170,7 @@ def test_a_hung_rank_is_named_by_the_stacks_the_agent_takes(
     assert said[1].startswith("error: no agent answered for run no-such-run within"), said
     first, second = shown.splitlines()[1:3]
     assert first.startswith("  1 rank in wait threading.py:") and first.endswith(
-        "from wait_for_a_batch_that_never_comes hung_rank.py:30 (2)"
+        f"from wait_for_a_batch_that_never_comes hung_rank.py:{HANG_LINE} (2)"
     ), shown
     assert second.startswith("  3 ranks in ") and second.endswith("(0, 1, 3)"), shown
     assert "Silent: no step since" in page and "(step 4; one every" in page, page
@@ -203,3 +218,42 @@ def run_page_text(settings: Settings, run_id: str) -> str:
             return text
     finally:
         server.stop()
+
+
+KILLED_RULES = RULES.replace("floor_s: 6", "floor_s: 8")
+
+
+def test_a_killed_rank_is_reported_gone_and_the_others_stacks_arrive(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """Rank 2 is SIGKILLed where it would hang; the others wait for it (hung_rank.py's
+    ``killed`` mode says why in a store, not in gloo). Its log is sent whole and deleted
+    before the silence fires: the agent still reports its process gone."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(KILLED_RULES)
+    worker = WorkerProcess(
+        kafka_bootstrap, topics.prefix, tmp_path / "worker.log", str(rules), 3, grace_s=2.0
+    )
+    run_id = f"killed-{uuid.uuid4().hex[:8]}"
+    ranks: list[subprocess.Popen[str]] = []
+    with worker:
+        try:
+            worker.wait_consuming(timeout_s=90.0)
+            ranks = start_ranks(
+                kafka_bootstrap, topics.prefix, tmp_path / "spool", run_id, "killed"
+            )
+            stdout = ranks[2].stdout
+            assert stdout is not None and stdout.readline().strip() == "stuck"
+            ranks[2].send_signal(signal.SIGKILL)
+            batches = stack_batches(kafka_bootstrap, topics, run_id, WORLD)
+        finally:
+            for process in ranks:
+                process.send_signal(signal.SIGKILL)
+                process.wait(30)
+    by_rank = {batch["rank"]: batch["entries"][0] for batch in batches}
+    outcomes = {rank: entry["fields"]["outcome"] for rank, entry in by_rank.items()}
+    assert outcomes == {0: "stacks", 1: "stacks", 2: "gone", 3: "stacks"}, tail(worker.log_file, 40)
+    assert by_rank[2]["level"] == "ERROR" and "its process is gone" in by_rank[2]["message"]
+    for rank in (0, 1, 3):
+        loop = parse_dump(by_rank[rank]["message"])[0]
+        assert any("in wait_for_the_peers" in frame for frame in loop.frames), by_rank[rank]

@@ -259,7 +259,10 @@ class HostAgent:
 
     def _control_consumer(self) -> Consumer:
         group = f"{control_group_prefix(self.settings.prefix)}stacks"
-        return new_consumer(self.settings, group, f"stacks of {self.place.host}")
+        # A fetch waits for a command up to 5 s (it answers as soon as one arrives): an idle
+        # agent sends a fetch every 5 s, not every 0.5 s; hundreds of agents share a broker.
+        idle_fetch = {"fetch.wait.max.ms": 5000}
+        return new_consumer(self.settings, group, f"stacks of {self.place.host}", idle_fetch)
 
     # -- the loop -----------------------------------------------------------------------
 
