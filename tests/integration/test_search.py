@@ -140,11 +140,11 @@ def _path_with(tmp_path: Path, *tools: str) -> str:
 @pytest.mark.parametrize(
     ("tools", "message"),
     [
-        ((), "java, javac and mvn are not on PATH; the local OpenSearch node needs a Java 17 "
-         "JDK and Maven (apt-get install openjdk-17-jdk-headless maven)."),
-        (("java", "mvn"), "javac is not on PATH; the local OpenSearch node needs a Java 17 JDK "
+        ((), "javac and mvn are not on PATH; the local OpenSearch node needs a Java 17 JDK "
+         "and Maven (apt-get install openjdk-17-jdk-headless maven)."),
+        (("mvn",), "javac is not on PATH; the local OpenSearch node needs a Java 17 JDK "
          "(apt-get install openjdk-17-jdk-headless)."),
-        (("java", "javac"), "mvn is not on PATH; the local OpenSearch node needs Maven "
+        (("javac",), "mvn is not on PATH; the local OpenSearch node needs Maven "
          "(apt-get install maven)."),
     ],
     ids=["nothing", "no-javac", "no-mvn"],

