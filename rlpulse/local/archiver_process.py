@@ -35,6 +35,7 @@ class ArchiverProcess(ChildProcess):
         """The command line of the child."""
         return [
             sys.executable,
+            "-P",  # not the working directory: a ./rlpulse there is not the package
             "-m",
             "rlpulse",
             "archive",

@@ -46,6 +46,7 @@ class ExporterProcess(ChildProcess):
         """The command line of the child."""
         return [
             sys.executable,
+            "-P",  # not the working directory: a ./rlpulse there is not the package
             "-m",
             "rlpulse",
             "exporter",

@@ -46,6 +46,7 @@ def group_stable_in_child(bootstrap: str, group: str, client_id: str | None = No
         result = subprocess.run(
             [
                 sys.executable,
+                "-P",  # not the working directory: a ./rlpulse there is not the package
                 "-m",
                 "rlpulse.local.group_probe",
                 bootstrap,

@@ -34,6 +34,6 @@ class IndexerProcess(ChildProcess):
     def command(self) -> list[str]:
         """The command line of the child."""
         return [
-            sys.executable, "-m", "rlpulse", "index",
+            sys.executable, "-P", "-m", "rlpulse", "index",
             "--bootstrap", self.bootstrap, "--prefix", self.prefix, "--url", self.url,
         ]  # fmt: skip

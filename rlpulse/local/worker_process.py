@@ -53,6 +53,7 @@ class WorkerProcess(ChildProcess):
         """The command line of the child."""
         return [
             sys.executable,
+            "-P",  # not the working directory: a ./rlpulse there is not the package
             "-m",
             "rlpulse",
             "worker",

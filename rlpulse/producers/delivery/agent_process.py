@@ -80,7 +80,7 @@ def start_detached(settings: Settings, timeout_s: float | None = None) -> str | 
     wait_s = settings.agent.start_timeout_s if timeout_s is None else timeout_s
     try:
         child = subprocess.Popen(
-            [sys.executable, "-m", _MODULE, DETACHED_FLAG],
+            [sys.executable, "-P", "-m", _MODULE, DETACHED_FLAG],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
