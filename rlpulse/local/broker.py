@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import ipaddress
 import secrets
@@ -168,7 +169,7 @@ class LocalBroker:
             socket.getfqdn() if self.host in ("0.0.0.0", "::") else self.host
         )
 
-    @property
+    @functools.cached_property
     def data_dir(self) -> Path:
         """The broker's log segments: ``broker.data_dir``, else ``<state>/data`` on local disk.
 
