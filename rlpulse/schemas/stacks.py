@@ -12,14 +12,30 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
-__all__ = ["LOOP_MARK", "STACKS_LOGGER", "RankStacks", "ThreadStack", "parse_dump", "render"]
+__all__ = [
+    "LOOP_MARK",
+    "STACKS_LOGGER",
+    "RankStacks",
+    "ThreadStack",
+    "parse_dump",
+    "render",
+    "request_path",
+]
 
 STACKS_LOGGER: Final = "rlpulse.stacks"
 """The logger name of the records that carry stacks (and of a rank reported gone or silent)."""
 LOOP_MARK: Final = "the training loop (the thread that made the rank's RunLink)"
 """Follows the header of the thread listed first in a rank's record."""
+
+
+def request_path(stacks_file: Path) -> Path:
+    """The FIFO beside a process's stack file on which its agent asks for its stacks."""
+    return stacks_file.with_suffix(".ask")
+
+
 _THREAD_HEADER = re.compile(
     r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):.*$"
 )

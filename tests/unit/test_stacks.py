@@ -18,7 +18,7 @@ from rlpulse.schemas.stacks import RankStacks, parse_dump, render
 
 CHILD = textwrap.dedent(
     """
-    import logging, signal, sys, threading
+    import ctypes, logging, signal, sys, threading
     from pathlib import Path
     from rlpulse.producers.caller.stacks import enable_stack_dumps
 
@@ -35,6 +35,8 @@ CHILD = textwrap.dedent(
     threading.Thread(target=waits_for_a_peer_forever, name="helper", daemon=True).start()
     started.wait()
     print("registered" if dump else "unregistered", threading.get_ident(), flush=True)
+    if sys.argv[2] == "holds-the-gil":
+        ctypes.PyDLL(None).sleep(3600)  # stuck in C, the GIL held: no thread can answer
     waits_for_a_peer_forever()
     """
 )
@@ -74,16 +76,32 @@ def test_the_agent_takes_a_blocked_process_stacks_and_reports_a_gone_one(
     ended = RankProcess(gone.pid, signal.SIGRTMIN + 3, tmp_path / "none.stacks")
     try:
         take_stacks([alive, ended], wait_s=10.0)
-        assert child.poll() is None  # the signal dumped, it did not kill
+        assert child.poll() is None  # asked, it did not die
     finally:
         child.kill()
         child.wait()
     assert (alive.outcome, ended.outcome) == ("stacks", "gone")
+    assert alive.via == "thread"  # the GIL was free: its own thread answered, no signal
     threads = parse_dump(alive.text)
     assert len(threads) == 2
     assert all(any("in waits_for_a_peer_forever" in f for f in t.frames) for t in threads)
     first = parse_dump(render(threads, loop))[0]
     assert first.ident == loop  # the training loop's thread comes first
+
+
+def test_a_process_stuck_in_c_holding_the_gil_answers_the_signal(tmp_path: Path) -> None:
+    child, said, loop = start_child(tmp_path, "holds-the-gil")
+    process = RankProcess(child.pid, signal.SIGRTMIN + 3, tmp_path / f"{child.pid}.stacks")
+    try:
+        take_stacks([process], wait_s=4.0)
+        assert child.poll() is None  # faulthandler dumped, the signal did not kill
+    finally:
+        child.kill()
+        child.wait()
+    assert (process.outcome, process.via) == ("stacks", "signal")
+    threads = {thread.ident: thread for thread in parse_dump(process.text)}
+    assert threads[loop].top.endswith("in <module>")  # the line that called sleep()
+    assert any("in _answer" in f for t in threads.values() for f in t.frames)  # it waited
 
 
 def test_a_signal_with_a_handler_is_left_alone_with_one_warning(tmp_path: Path) -> None:

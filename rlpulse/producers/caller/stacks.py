@@ -1,15 +1,25 @@
-"""A rank's Python stacks on request from outside: ``faulthandler`` on a signal, into a file.
+"""A rank's Python stacks on request from outside, into a file: a thread first, a signal last.
 
-When a run hangs, the host's agent (:mod:`rlpulse.producers.delivery.stacks`) sends each rank
-process of the run this signal; ``faulthandler`` then writes every thread's stack to the
-process's file, from C, even while the main thread is blocked in a collective (NCCL, gloo).
-No ptrace is needed.
+When a run hangs, the host's agent (:mod:`rlpulse.producers.delivery.stacks`) asks each rank
+process of the run for its stacks. No ptrace is needed. Two ways, in this order:
+
+- A thread of the process (``rlpulse-stacks``) waits on a FIFO beside the process's stack
+  file (:func:`~rlpulse.schemas.stacks.request_path`); a byte written there makes it write
+  every other thread's stack from ``sys._current_frames()``, under the GIL. A main thread
+  blocked in a collective (NCCL, gloo, a TCPStore wait) has released the GIL, so this
+  answers at once.
+- ``faulthandler`` on a signal, for a process whose GIL is held by a thread stuck in C (the
+  thread cannot answer then). The agent sends it only when the thread has not answered within
+  half the capture's wait: ``faulthandler`` reads the other threads' frames without the GIL,
+  and with threads running Python it crashed 3 of 128 busy processes (a segfault in
+  ``dump_traceback``, measured in ``benchmarks/fleet.py``); with the GIL held by a stuck
+  thread, no frame moves while it reads.
 
 The signal (``agent.stacks_signal``, default ``SIGRTMIN+3``) is registered only when it has
 no handler yet: ``chain=True`` over SIGUSR1's default action would kill the process, and
 Lightning's SIGUSR1 handler requeues Slurm jobs. A taken signal is left alone, with one
 warning naming the setting. One registration per process, whatever its number of ranks; a
-forked child registers again, with a file of its own.
+forked child registers again, with a file and a thread of its own.
 """
 
 from __future__ import annotations
@@ -18,12 +28,16 @@ import faulthandler
 import logging
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import IO, Final
 
-__all__ = ["DEFAULT_SIGNAL", "StackDump", "enable_stack_dumps", "signal_number"]
+from rlpulse.schemas.stacks import request_path
+
+__all__ = ["DEFAULT_SIGNAL", "StackDump", "enable_stack_dumps", "signal_number", "write_stacks"]
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +128,51 @@ def enable_stack_dumps(name: str, directory: Path) -> StackDump | None:
         if _file is not None:
             _file.close()
         _file, _dump = opened, StackDump(signum, path, pid)
+        _listen(request_path(path), opened)
         return _dump
+
+
+def write_stacks(out: IO[bytes]) -> None:
+    """Write every thread's stack but the caller's, in faulthandler's format, in one write."""
+    own = threading.get_ident()
+    blocks = []
+    for ident, top in sys._current_frames().items():
+        if ident == own:
+            continue
+        lines = [f"Thread 0x{ident:016x} (most recent call first):"]
+        frame: FrameType | None = top
+        while frame is not None:
+            code = frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+            frame = frame.f_back
+        blocks.append("\n".join(lines))
+    out.write(("\n\n".join(blocks) + "\n\n").encode(errors="replace"))
+
+
+def _listen(fifo: Path, out: IO[bytes]) -> None:
+    """Start the thread that answers the agent's requests on ``fifo``.
+
+    The FIFO is made anew (a pid may be reused). Without it the agent's signal still works.
+    """
+    try:
+        fifo.unlink(missing_ok=True)
+        os.mkfifo(fifo, 0o600)
+        fd = os.open(fifo, os.O_RDWR)  # a writer of its own: reads wait, never see an end
+    except OSError as exc:
+        _warn_once(-2, "rlpulse: %s: stacks are taken by signal only", exc)
+        return
+    threading.Thread(target=_answer, args=(fd, out), name="rlpulse-stacks", daemon=True).start()
+
+
+def _answer(fd: int, out: IO[bytes]) -> None:
+    while True:
+        try:
+            if not os.read(fd, 64):
+                return
+            write_stacks(out)
+        except (OSError, ValueError):  # the file was closed: a newer registration took over
+            os.close(fd)
+            return
 
 
 def _warn_once(key: int, message: str, *args: object) -> None:

@@ -6,14 +6,18 @@ command for a run it serves, once per command id; where signing is on, only on a
 signed with the key. For each rank process of the run on this host (the processes that wrote
 the logs the agent serves or served) it:
 
-- signals the process once, whatever its number of ranks, with the signal the process
-  registered (:mod:`rlpulse.producers.caller.stacks`; its ``meta.json`` says which), then waits
-  until the process's stack file has grown and stopped growing, at most the action's ``wait_s``;
+- asks the process once, whatever its number of ranks (:mod:`rlpulse.producers.caller.stacks`):
+  a byte on its FIFO, which a thread of the process answers under the GIL; where that thread
+  has not answered within half the action's ``wait_s`` (a thread stuck in C holds the GIL), or
+  the process has no FIFO, the signal it registered (its ``meta.json`` says which) has
+  ``faulthandler`` write the stacks. It waits until the process's stack file has grown and
+  stopped growing, at most ``wait_s``;
 - ships one log record per rank to the logs topic (:mod:`rlpulse.schemas.stacks`): the dump with the
   thread that made the rank's logger (its training loop) first, the rank's last step (its
   newest event in the write-ahead log), the host and pid, the command id and an ``outcome``:
-  ``stacks``; ``gone`` (the process no longer exists, a record at ERROR); ``silent`` (alive,
-  but no dump within ``wait_s``); ``unregistered`` (it registered no signal).
+  ``stacks`` (with ``via``: ``thread`` or ``signal``); ``gone`` (the process no longer exists,
+  a record at ERROR); ``silent`` (alive, but no dump within ``wait_s``); ``unregistered`` (it
+  registered no signal).
 
 All processes are signalled first, then waited for together: a capture costs one ``wait_s``
 at most, however many processes are silent.
@@ -21,6 +25,7 @@ at most, however many processes are silent.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -37,7 +42,7 @@ from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.records import ControlCommand, LogBatch, LogEntry
 from rlpulse.schemas.signing import signature_problem
-from rlpulse.schemas.stacks import STACKS_LOGGER, parse_dump, render
+from rlpulse.schemas.stacks import STACKS_LOGGER, parse_dump, render, request_path
 
 __all__ = ["RankProcess", "StackTaker", "processes_of", "stack_records", "take_stacks"]
 
@@ -60,7 +65,10 @@ class RankProcess:
     logs: list[LogMeta] = field(default_factory=list)
     outcome: str = "unregistered"
     text: str = ""
+    via: str = ""
+    """How the stacks were asked for: ``thread`` (its FIFO) or ``signal`` (faulthandler)."""
     _start: int = 0
+    _signal_at: float | None = None
 
 
 def processes_of(run_id: str, logs: Iterable[LogMeta]) -> list[RankProcess]:
@@ -77,8 +85,12 @@ def processes_of(run_id: str, logs: Iterable[LogMeta]) -> list[RankProcess]:
 
 
 def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
-    """Signal every process once, then wait (at most ``wait_s``) for all their dumps."""
+    """Ask every process once, then wait (at most ``wait_s``) for all their dumps.
+
+    A process whose thread has not answered within half of ``wait_s`` is sent its signal.
+    """
     waiting: list[RankProcess] = []
+    now = time.monotonic()
     for process in processes:
         if not _alive(process.pid):
             process.outcome = "gone"
@@ -87,13 +99,9 @@ def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
             process.outcome = "unregistered"
             continue
         process._start = _size(process.path)
-        try:
-            os.kill(process.pid, process.signum)
-        except ProcessLookupError:
-            process.outcome = "gone"
-            continue
-        except PermissionError:
-            process.outcome, process.text = "refused", "the agent may not signal this process"
+        if _ask(process.path):
+            process.via, process._signal_at = "thread", now + wait_s / 2
+        elif not _signal(process):
             continue
         process.outcome = "silent"
         waiting.append(process)
@@ -111,9 +119,43 @@ def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
                 process.text = _read(process.path, process._start, size)
                 process.outcome = "stacks"
                 waiting.remove(process)
+            elif process._signal_at is not None and time.monotonic() >= process._signal_at:
+                process._signal_at = None
+                if not _signal(process):
+                    waiting.remove(process)
     for process in waiting:
         if not _alive(process.pid):
             process.outcome = "gone"
+
+
+def _ask(stacks_file: Path) -> bool:
+    """Write the request byte to the process's FIFO; False where none listens there."""
+    try:
+        fd = os.open(request_path(stacks_file), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # no FIFO (a rank of an older release), no reader, not ours
+        return False
+    try:
+        os.write(fd, b"s")
+        return True
+    except OSError as exc:  # full: requests wait there already
+        return exc.errno == errno.EAGAIN
+    finally:
+        os.close(fd)
+
+
+def _signal(process: RankProcess) -> bool:
+    """Send the process its registered signal; False (outcome said) where it cannot be."""
+    assert process.signum is not None
+    process.via = "signal"
+    try:
+        os.kill(process.pid, process.signum)
+    except ProcessLookupError:
+        process.outcome = "gone"
+        return False
+    except PermissionError:
+        process.outcome, process.text = "refused", "the agent may not signal this process"
+        return False
+    return True
 
 
 def last_step(meta: LogMeta, codec: Codec) -> int:
@@ -176,6 +218,7 @@ def stack_records(
         }
         if top is not None:
             fields["top_frame"] = top.top
+            fields["via"] = process.via
         entry: LogEntry = {
             "seq": 0,
             "timestamp_ns": time.time_ns(),
