@@ -270,22 +270,6 @@ class RuleEngine:
                 }
         return run, commands
 
-    def adopt_state(self, state: RunState) -> RunState:
-        """Carry a run attempt's state over to this (reloaded) rule set, in place.
-
-        Rule states whose rule still exists with the same version are kept; the others are
-        dropped (``evaluate`` also ignores a state whose version differs). The stage
-        positions and the run attempt's stop are kept: they do not depend on the rules.
-        """
-        versions = {rule.id: rule.version for rule in self._ruleset.rules}
-        for stage in state["stages"].values():
-            stage["rules"] = {
-                rule_id: rule_state
-                for rule_id, rule_state in stage["rules"].items()
-                if versions.get(rule_id) == rule_state.get("version")
-            }
-        return state
-
 
 # -- commands --------------------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 from rlpulse.schemas.exceptions import DecodeError, DecodeFailure, EncodeError
 from rlpulse.schemas.records import (
     ActionVerdict,
-    AuditReport,
     CommandAck,
     ControlCommand,
     LogBatch,
@@ -202,10 +201,6 @@ class Codec:
     def decode_verdict(self, data: bytes) -> ActionVerdict:
         """Decode an ``ActionVerdict``."""
         return cast(ActionVerdict, self.decode(data, "ActionVerdict"))
-
-    def decode_audit(self, data: bytes) -> AuditReport:
-        """Decode an ``AuditReport``."""
-        return cast(AuditReport, self.decode(data, "AuditReport"))
 
 
 _SHARED_LOG_FIELDS: Final = (

@@ -143,30 +143,17 @@ class ActionVerdict(TypedDict):
     emitted_ns: int
 
 
-class LogRecord(TypedDict):
-    """One text log record of one trainer process (``<prefix>.logs``)."""
+class _LogSource(TypedDict):
+    """The fields the log records of one trainer process share (once in a :class:`LogBatch`)."""
 
     run_id: str
     attempt: int
-    step: int
-    stage: str
     rank: int
-    level: str
-    levelno: int
-    logger: str
-    message: str
-    exception: str | None
-    trace_id: str | None
-    fields: dict[str, str]
-    sample_rate: float
-    sampled_out: dict[str, int]
     tags: dict[str, str]
-    timestamp_ns: int
     hostname: str
     host_ip: str
     pid: int
     producer_id: str
-    seq: int
 
 
 class LogEntry(TypedDict):
@@ -187,17 +174,13 @@ class LogEntry(TypedDict):
     sampled_out: dict[str, int]
 
 
-class LogBatch(TypedDict):
+class LogRecord(_LogSource, LogEntry):
+    """One text log record of one trainer process (``<prefix>.logs``): its entry and source."""
+
+
+class LogBatch(_LogSource):
     """Consecutive log records of one trainer process (``<prefix>.logs``), shared fields once."""
 
-    run_id: str
-    attempt: int
-    rank: int
-    tags: dict[str, str]
-    hostname: str
-    host_ip: str
-    pid: int
-    producer_id: str
     entries: list[LogEntry]
 
 

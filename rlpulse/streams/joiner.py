@@ -245,10 +245,6 @@ class StepJoiner:
                 reset += len(open_groups)
         return reset
 
-    def open_stage_keys(self) -> list[str]:
-        """Stage keys with at least one unreleased group (the ones ``expire`` may close), sorted."""
-        return sorted(key for key in list(self._stages) if self._stages[key]["groups"])
-
     def _add_unreleased(
         self, skey: str, stage: JoinerStage, group: GroupState, event: TrainerEvent, now_ns: int
     ) -> JoinOutcome:

@@ -268,7 +268,7 @@ def test_zscore_is_nan_when_previous_values_are_constant() -> None:
     assert math.isnan(command["evidence"]["value"])
 
 
-def test_adopt_state_keeps_unchanged_rules_only() -> None:
+def test_reloaded_rules_keep_the_state_of_unchanged_rules() -> None:
     old = RuleEngine(load_preset("seed"))
     state: RunState | None = None
     for step in (1, 2):
@@ -281,13 +281,19 @@ def test_adopt_state_keeps_unchanged_rules_only() -> None:
     new = RuleEngine(RuleSet.model_validate(changed))
     assert new.rules[0].version == old.rules[0].version
     assert new.rules[1].version != old.rules[1].version
-    adopted = new.adopt_state(json.loads(json.dumps(state)))
-    assert set(adopted["stages"]["rollout"]["rules"]) == {"unstable-reward"}
-    assert adopted["stages"]["rollout"]["rules"]["unstable-reward"]["evaluations"] == 2
-    assert adopted["stages"]["rollout"]["last_step"] == 2
+    state, commands = new.evaluate(
+        json.loads(json.dumps(state)),
+        summary(3, {"kl_divergence": 0.5, "reward_mean": 1.0}, stage="rollout"),
+        0,
+    )
+    assert commands == []
+    rules = state["stages"]["rollout"]["rules"]
+    assert rules["unstable-reward"]["evaluations"] == 3  # unchanged: carries on
+    assert rules["kl-guard"]["evaluations"] == 1  # changed: starts over
+    assert state["stages"]["rollout"]["last_step"] == 3
 
 
-def test_changed_rule_starts_over_even_without_adopt_state() -> None:
+def test_changed_rule_starts_over() -> None:
     old = RuleEngine(load_preset("seed"))
     state: RunState | None = None
     for step in (1, 2):
