@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -90,8 +91,9 @@ def test_the_agent_takes_a_blocked_process_stacks_and_reports_a_gone_one(
 
 
 def test_a_process_stuck_in_c_holding_the_gil_answers_the_signal(tmp_path: Path) -> None:
-    child, said, loop = start_child(tmp_path, "holds-the-gil")
+    child, _said, loop = start_child(tmp_path, "holds-the-gil")
     process = RankProcess(child.pid, signal.SIGRTMIN + 3, tmp_path / f"{child.pid}.stacks")
+    time.sleep(1.0)  # from its print to its sleep() the GIL changes hands: asked then, it answers
     try:
         take_stacks([process], wait_s=4.0)
         assert child.poll() is None  # faulthandler dumped, the signal did not kill

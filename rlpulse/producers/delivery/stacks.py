@@ -159,21 +159,25 @@ def _signal(process: RankProcess) -> bool:
 
 
 def last_step(meta: LogMeta, codec: Codec) -> int:
-    """The step of the newest event in the log's newest segment (-1: none there)."""
+    """The step of the newest event in the log's newest segment (-1: none there).
+
+    Only that event is decoded: a rank's steps only grow, and a capture over a host's ranks
+    must not decode every event of their logs while the host is busy.
+    """
     newest = max(segments(meta.directory), default=None)
     if newest is None:
         return -1
     reader = WalReader(meta.directory, meta.protocol)
-    step = -1
+    payload: bytes | None = None
     try:
         for frame in reader.frames(position(newest, 0)):
             if frame.kind == EVENT:
-                step = max(step, _event_step(codec, frame.payload))
+                payload = frame.payload
     except (OSError, ValueError):
         pass
     finally:
         reader.close()
-    return step
+    return -1 if payload is None else _event_step(codec, payload)
 
 
 def _event_step(codec: Codec, payload: bytes) -> int:
