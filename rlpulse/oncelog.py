@@ -1,7 +1,8 @@
 """rlpulse's own diagnostics: each kind of trouble once at WARNING, and always on stderr.
 
 :class:`WarnOnce` logs the first report of a kind of trouble at WARNING, its repeats at
-DEBUG. :func:`install` (run on ``import rlpulse``) gives the ``rlpulse`` logger a handler
+DEBUG. :func:`install` (run when a ``RunLink``, ``EventLogger``, ``EventHandler`` or the
+CLI is built; ``import rlpulse`` changes no logging) gives the ``rlpulse`` logger a handler
 of its own that writes WARNING and above to stderr. A trainer that puts an
 :class:`~rlpulse.producers.EventHandler` on the root logger (as docs/logs.md shows) has
 no other handler, so Python's last-resort printer stays silent, and the EventHandler

@@ -19,12 +19,10 @@ only pydantic, so the trainer side, the worker and the command line all read it 
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import difflib
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -299,7 +297,9 @@ class JoinerSettings(_Section):
     the last ``straggler_window`` complete steps of that stage.
     """
 
-    grace_s: float = Field(default=30.0, gt=0, description="Wall-clock wait for missing ranks.")
+    grace_s: float = Field(
+        default=30.0, gt=0, description="Seconds a step waits for missing ranks (wall clock)."
+    )
     late_window_s: float = Field(
         default=600.0, ge=0, description="How long closed steps take late ranks (revisions)."
     )
@@ -330,7 +330,10 @@ class WorkerSettings(JoinerSettings):
 
     rules: str = Field(
         default="topic",
-        description="'topic' (the published rules; seed until then), a rules file or a preset.",
+        description=(
+            "'topic': the rules published with `rlpulse rules publish` (seed until then); a "
+            "rules file (reloaded on change and SIGHUP); or a preset name."
+        ),
     )
     partitions: int = Field(default=6, ge=1, description="Partitions of the run-keyed topics.")
     app_id: str | None = Field(
@@ -425,7 +428,8 @@ class WorkerSettings(JoinerSettings):
         default=120.0, gt=0, description="How long start-up waits for the broker and its topics."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        default="warning", description="Log level of the worker and of faust."
+        default="warning",
+        description="Log level of the worker and of faust: debug, info, warning or error.",
     )
 
 
@@ -444,7 +448,9 @@ class ExporterSettings(_Section):
     host: str = Field(default="0.0.0.0", description="Address /metrics listens on.")
     namespace: str = Field(
         default="rlpulse",
-        description="Prefix of the per-rank gauges: <namespace>_<metric>{run,stage,rank}.",
+        description=(
+            "Prefix of the per-rank gauges, named <namespace>_<metric>, labelled run, stage, rank."
+        ),
     )
     group_id: str | None = Field(
         default=None, description="The exporter's consumer group; unset: <prefix>-exporter."
@@ -487,7 +493,7 @@ class ExporterSettings(_Section):
         default=120.0, gt=0, description="How long start-up waits for the broker and its topics."
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        default="warning", description="Log level of the exporter."
+        default="warning", description="Log level of the exporter: debug, info, warning or error."
     )
 
     @field_validator("namespace")
@@ -1084,7 +1090,7 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "Kafka bootstrap servers (host:port,...); unset: the broker `rlpulse broker up` "
-            "started, else 127.0.0.1:<broker.port>."
+            "started, else port broker.port on 127.0.0.1."
         ),
     )
     prefix: str = Field(default=DEFAULT_PREFIX, description="Topics are named <prefix>.<role>.")
@@ -1229,47 +1235,32 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Flags and keyword arguments, then the environment, then the config file."""
+        """Keyword arguments, then the environment, then ``$RLPULSE_CONFIG``'s file."""
         _refuse_unknown_environment(os.environ)
         config_file = config_file_path()
-        sources = [init_settings, env_settings]
-        if config_file is not None:
-            sources.append(_config_file_source(settings_cls, config_file))
-        skipped = _WITHOUT.get()
-        return tuple(_Without(source, skipped) if skipped else source for source in sources)
+        if config_file is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, _config_file_source(settings_cls, config_file))
 
 
-class _Without(PydanticBaseSettingsSource):
-    """Another source, less the top-level settings named in ``skipped`` (they get defaults)."""
+class _Layered(Settings):
+    """Settings from the layers :func:`load_settings` merged: no source of its own."""
 
-    def __init__(self, source: PydanticBaseSettingsSource, skipped: frozenset[str]) -> None:
-        super().__init__(source.settings_cls)
-        self._source = source
-        self._skipped = skipped
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        """Unused: :meth:`__call__` gives the values."""
-        return None, field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in self._source().items() if k not in self._skipped}
-
-
-_WITHOUT: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
-    "rlpulse_settings_without", default=frozenset()
-)
-
-
-_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
-    "rlpulse_config_file", default=None
-)
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Only the keyword arguments: the merged layers."""
+        return (init_settings,)
 
 
 def config_file_path() -> Path | None:
-    """The config file in force: the one given to :func:`load_settings`, else $RLPULSE_CONFIG."""
-    chosen = _CONFIG_FILE.get()
-    if chosen is not None:
-        return chosen
+    """The config file ``$RLPULSE_CONFIG`` names, if any."""
     from_env = os.environ.get(CONFIG_ENV, "").strip()
     return Path(from_env).expanduser() if from_env else None
 
@@ -1347,15 +1338,6 @@ def _refuse_secrets(tree: Mapping[str, Any], where: str) -> None:
         )
 
 
-@contextlib.contextmanager
-def _using_config_file(path: Path | None) -> Iterator[None]:
-    token = _CONFIG_FILE.set(path)
-    try:
-        yield
-    finally:
-        _CONFIG_FILE.reset(token)
-
-
 def load_settings(
     overrides: Mapping[str, Any] | None = None,
     config_file: Path | None = None,
@@ -1371,16 +1353,32 @@ def load_settings(
     """
     given = {k: v for k, v in nest(overrides or {}).items() if k not in without}
     _refuse_secrets(given, "a flag")
-    token = _WITHOUT.set(without)
+    _refuse_unknown_environment(os.environ)
+    path = config_file if config_file is not None else config_file_path()
+    merged: dict[str, Any] = {}
+    layers = (
+        _config_file_source(Settings, path)() if path is not None else {},
+        EnvSettingsSource(Settings)(),
+        given,
+    )
+    for layer in layers:
+        _merge(merged, {k: v for k, v in layer.items() if k not in without})
     try:
-        with _using_config_file(config_file):
-            try:
-                return Settings(**given)
-            except ValidationError as exc:
-                origins = explain(overrides, config_file, validate=False)
-                raise SettingsError(_problems(exc, origins)) from None
-    finally:
-        _WITHOUT.reset(token)
+        layered = _Layered(**merged)
+    except ValidationError as exc:
+        origins = explain(overrides, config_file, validate=False)
+        raise SettingsError(_problems(exc, origins)) from None
+    values = {name: getattr(layered, name) for name in Settings.model_fields}
+    return Settings.model_construct(layered.model_fields_set, **values)
+
+
+def _merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    """Put ``layer`` over ``into``, section by section (a mapping merges, a value replaces)."""
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = dict(value) if isinstance(value, Mapping) else value
 
 
 def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -1436,11 +1434,10 @@ def explain(
     """
     if validate:
         load_settings(overrides, config_file)
-    with _using_config_file(config_file):
-        path = config_file_path()
-        given = _flatten(InitSettingsSource(Settings, init_kwargs=nest(overrides or {}))())
-        from_env = _flatten(EnvSettingsSource(Settings)())
-        from_file = _flatten(_config_file_source(Settings, path)()) if path is not None else {}
+    path = config_file if config_file is not None else config_file_path()
+    given = _flatten(InitSettingsSource(Settings, init_kwargs=nest(overrides or {}))())
+    from_env = _flatten(EnvSettingsSource(Settings)())
+    from_file = _flatten(_config_file_source(Settings, path)()) if path is not None else {}
     origins: dict[str, str] = {}
     for name in _field_paths(Settings):
         if name in given:

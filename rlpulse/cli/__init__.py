@@ -32,6 +32,7 @@ from rlpulse.cli.spool import spool_app
 from rlpulse.cli.trace import trace_app
 from rlpulse.cli.ui import ui
 from rlpulse.cli.worker import worker
+from rlpulse.oncelog import install as install_diagnostics
 
 __all__ = ["app", "main"]
 
@@ -61,6 +62,7 @@ def root(
     ] = False,
 ) -> None:
     """Telemetry and closed-loop control for LLM RL post-training."""
+    install_diagnostics()
 
 
 app.add_typer(broker_app, name="broker")

@@ -12,10 +12,10 @@ from rlpulse.cli.common import (
     Bootstrap,
     ConfigFile,
     Prefix,
+    command_settings,
     one_line_errors,
     say,
     setting_option,
-    settings,
 )
 
 
@@ -25,19 +25,16 @@ def agent(
     prefix: Prefix = None,
     spool_dir: Annotated[
         Path | None,
-        setting_option(
-            "producer.spool_dir", "Root of the write-ahead logs it sends.", "--spool-dir"
-        ),
+        setting_option("producer.spool_dir", "--spool-dir"),
     ] = None,
     hostname: Annotated[
         str | None,
-        setting_option("producer.hostname", "The host the logs were written on.", "--hostname"),
+        setting_option("producer.hostname", "--hostname"),
     ] = None,
     idle_exit_s: Annotated[
         float | None,
         setting_option(
             "agent.idle_exit_s",
-            "Exit after this long with no live writer and nothing unsent (0: never).",
             "--idle-exit-s",
         ),
     ] = None,
@@ -51,16 +48,7 @@ def agent(
     """
     from rlpulse.producers.delivery.agent_process import place_for, run_foreground
 
-    chosen = settings(
-        config,
-        {
-            "bootstrap": bootstrap,
-            "prefix": prefix,
-            "producer.spool_dir": spool_dir,
-            "producer.hostname": hostname,
-            "agent.idle_exit_s": idle_exit_s,
-        },
-    )
+    chosen = command_settings(agent, locals())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     place = place_for(chosen)
     say(f"the agent's directory: {place.directory}")

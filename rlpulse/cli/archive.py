@@ -9,12 +9,11 @@ from typing import Annotated
 import typer
 
 from rlpulse.cli.common import (
-    STARTUP_HELP,
     Bootstrap,
     ConfigFile,
     Prefix,
     StartupTimeoutAlias,
-    either,
+    command_settings,
     one_line_errors,
     out,
     say,
@@ -30,13 +29,11 @@ archive_app = typer.Typer(
 
 Root = Annotated[
     str | None,
-    setting_option(
-        "archive.root", "Archive directory or pyarrow URI.", shown=lambda s: s.archive_root
-    ),
+    setting_option("archive.root", shown=lambda s: s.archive_root),
 ]
 RetentionDays = Annotated[
     float | None,
-    setting_option("archive.retention_days", "Delete records older than this many days."),
+    setting_option("archive.retention_days"),
 ]
 
 
@@ -49,26 +46,24 @@ def archive(
     root: Root = None,
     group: Annotated[
         str | None,
-        setting_option("archive.group_id", "Consumer group.", shown=lambda s: s.archive_group),
+        setting_option("archive.group_id", shown=lambda s: s.archive_group),
     ] = None,
     roll_bytes: Annotated[
         str | None,
         setting_option(
             "archive.roll_bytes",
-            "Write a partition's buffer at this size (64MB, 1GB, or bytes).",
             shown=lambda s: s.archive.roll_bytes.human_readable(decimal=True),
+            note="(64MB, 1GB, or bytes)",
         ),
     ] = None,
     roll_s: Annotated[
         str | None,
-        setting_option(
-            "archive.roll_s", "... or when its oldest record waited this long (300s, 10m)."
-        ),
+        setting_option("archive.roll_s", note="(300s, 10m)"),
     ] = None,
     retention_days: RetentionDays = None,
     startup_timeout_s: Annotated[
         float | None,
-        setting_option("archive.startup_timeout_s", STARTUP_HELP, "--startup-timeout-s"),
+        setting_option("archive.startup_timeout_s", "--startup-timeout-s"),
     ] = None,
     config: ConfigFile = None,
     startup_timeout: StartupTimeoutAlias = None,
@@ -78,19 +73,7 @@ def archive(
         return
     from rlpulse.streams.archiver.archiver import Archiver
 
-    chosen = settings(
-        config,
-        {
-            "bootstrap": bootstrap,
-            "prefix": prefix,
-            "archive.root": root,
-            "archive.group_id": group,
-            "archive.roll_bytes": roll_bytes,
-            "archive.roll_s": roll_s,
-            "archive.retention_days": retention_days,
-            "archive.startup_timeout_s": either(startup_timeout_s, startup_timeout),
-        },
-    )
+    chosen = command_settings(archive, locals())
     archiver = Archiver(chosen, say)
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda _signal, _frame: archiver.stop())

@@ -60,9 +60,7 @@ StateDir = Annotated[
 def broker_up(
     port: Annotated[
         int | None,
-        setting_option(
-            "broker.port", "Client port; 0 picks a free one (the controller's always is)."
-        ),
+        setting_option("broker.port"),
     ] = None,
     secure: Annotated[
         bool,
@@ -153,9 +151,7 @@ def broker_fetch(
             file_okay=False,
         ),
     ] = None,
-    mirror: Annotated[
-        str | None, setting_option("jars.mirror", "The Maven repository to fetch from.")
-    ] = None,
+    mirror: Annotated[str | None, setting_option("jars.mirror")] = None,
     config: ConfigFile = None,
 ) -> None:
     """Fetch the broker's pinned Kafka jars now, each checked against its SHA-256."""

@@ -13,27 +13,29 @@ never a traceback.
 from __future__ import annotations
 
 import functools
+import inspect
+import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Final, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.models import OptionInfo
 
 from rlpulse.exceptions import RlpulseError
 from rlpulse.settings import Settings, explain, load_settings
 
 __all__ = [
-    "LOG_LEVEL_HELP",
-    "STARTUP_HELP",
     "Bootstrap",
     "ConfigFile",
     "Prefix",
     "StartupTimeoutAlias",
     "alias",
+    "command_options",
+    "command_settings",
     "default_note",
-    "either",
     "err",
     "fail",
     "in_force",
@@ -88,17 +90,44 @@ def in_force(
     return escape(f"[default: {text}{note}]")
 
 
+class SettingOption(OptionInfo):
+    """A typer option that stands for a setting: :func:`setting_option` makes them."""
+
+    setting: str
+    """The setting's dotted name (``worker.grace_s``)."""
+
+
 def setting_option(
     dotted: str,
-    text: str,
     *param_decls: str,
     shown: Callable[[Settings], object] | None = None,
     unset: str = "unset",
+    note: str = "",
     **kwargs: Any,
-) -> Any:
-    """A ``typer.Option`` standing for setting ``dotted``: help ``text``, then :func:`in_force`."""
-    shown_text = f"{text} {in_force(dotted, shown, unset)}"
-    return typer.Option(*param_decls, help=shown_text, show_default=False, **kwargs)
+) -> SettingOption:
+    """A ``typer.Option`` standing for setting ``dotted``.
+
+    Its help is the setting's own description (one text for the flag, ``rlpulse config
+    show`` and the docs), then ``note`` (how the flag is written: units, repeating), then
+    :func:`in_force`.
+    """
+    text = " ".join(part for part in (setting_description(dotted), note) if part)
+    made = typer.Option(
+        *param_decls, help=f"{text} {in_force(dotted, shown, unset)}", show_default=False, **kwargs
+    )
+    option = SettingOption.__new__(SettingOption)
+    option.__dict__.update(vars(made))
+    option.setting = dotted
+    return option
+
+
+def setting_description(dotted: str) -> str:
+    """The description of setting ``dotted`` (``worker.grace_s``) in :class:`Settings`."""
+    model: Any = Settings
+    *sections, name = dotted.split(".")
+    for section in sections:
+        model = model.model_fields[section].annotation
+    return str(model.model_fields[name].description or "")
 
 
 def default_note(text: str) -> str:
@@ -106,14 +135,58 @@ def default_note(text: str) -> str:
     return escape(f"[default: {text}]")
 
 
-def alias(old: str) -> Any:
-    """A hidden ``typer.Option`` that keeps the spelling ``old`` of a renamed flag working."""
-    return typer.Option(old, hidden=True, show_default=False)
+class AliasOption(OptionInfo):
+    """A hidden option that keeps a renamed flag's old spelling: :func:`alias` makes them."""
+
+    of: str
+    """The parameter (a :class:`SettingOption`) it is the old spelling of."""
 
 
-def either(value: T | None, old_spelling: T | None) -> T | None:
-    """A flag's value under its name, else under its old spelling (see :func:`alias`)."""
-    return value if value is not None else old_spelling
+def alias(old: str, of: str) -> AliasOption:
+    """A hidden ``typer.Option`` that keeps the spelling ``old`` of parameter ``of`` working."""
+    made = typer.Option(old, hidden=True, show_default=False)
+    option = AliasOption.__new__(AliasOption)
+    option.__dict__.update(vars(made))
+    option.of = of
+    return option
+
+
+def command_settings(
+    command: Callable[..., Any],
+    values: Mapping[str, Any],
+    *,
+    without: frozenset[str] = frozenset(),
+) -> Settings:
+    """The settings for ``command`` called with ``values`` (its ``locals()``).
+
+    Each of its parameters made by :func:`setting_option` sets its setting (``None``: not
+    given; then an :func:`alias` of it may); its ``config`` parameter names the file.
+    """
+    options = command_options(command)
+    flags = {
+        option.setting: values.get(name)
+        for name, option in options.items()
+        if isinstance(option, SettingOption)
+    }
+    for name, option in options.items():
+        if isinstance(option, AliasOption) and values.get(name) is not None:
+            target = options[option.of]
+            assert isinstance(target, SettingOption)
+            if flags.get(target.setting) is None:
+                flags[target.setting] = values[name]
+    return settings(values.get("config"), flags, without=without)
+
+
+@functools.cache
+def command_options(command: Callable[..., Any]) -> dict[str, SettingOption | AliasOption]:
+    """``command``'s parameters that stand for settings (or old spellings of them), by name."""
+    hints = typing.get_type_hints(inspect.unwrap(command), include_extras=True)
+    return {
+        name: extra
+        for name, hint in hints.items()
+        for extra in getattr(hint, "__metadata__", ())
+        if isinstance(extra, SettingOption | AliasOption)
+    }
 
 
 def _bootstrap_in_use(chosen: Settings) -> str:
@@ -135,14 +208,11 @@ Bootstrap = Annotated[
     str | None,
     setting_option(
         "bootstrap",
-        "Kafka bootstrap servers; unset: the local broker, else port broker.port on 127.0.0.1.",
         shown=_bootstrap_in_use,
     ),
 ]
-Prefix = Annotated[str | None, setting_option("prefix", "Topic prefix.")]
-STARTUP_HELP: Final = "Seconds start-up waits for Kafka to be ready."
-LOG_LEVEL_HELP: Final = "debug, info, warning or error."
-StartupTimeoutAlias = Annotated[float | None, alias("--startup-timeout")]
+Prefix = Annotated[str | None, setting_option("prefix")]
+StartupTimeoutAlias = Annotated[float | None, alias("--startup-timeout", of="startup_timeout_s")]
 """``--startup-timeout``, the old spelling of ``--startup-timeout-s``."""
 
 

@@ -6,14 +6,13 @@ import signal
 from typing import Annotated
 
 from rlpulse.cli.common import (
-    STARTUP_HELP,
     Bootstrap,
     ConfigFile,
     Prefix,
+    command_settings,
     one_line_errors,
     say,
     setting_option,
-    settings,
 )
 from rlpulse.transport.bootstrap import bootstrap_servers
 
@@ -26,26 +25,24 @@ def index(
         str | None,
         setting_option(
             "opensearch_url",
-            "The search engine's REST API (OpenSearch or Elasticsearch).",
             "--url",
             unset="unset: the node of `rlpulse search up`, else http://127.0.0.1:<search.port>",
         ),
     ] = None,
     group: Annotated[
         str | None,
-        setting_option("index.group_id", "Consumer group.", shown=lambda s: s.index_group),
+        setting_option("index.group_id", shown=lambda s: s.index_group),
     ] = None,
     index_prefix: Annotated[
         str | None,
         setting_option(
             "index.index_prefix",
-            "Indices are named <this>-logs-<date>, <this>-steps-<date>.",
             shown=lambda s: s.index_prefix,
         ),
     ] = None,
     startup_timeout_s: Annotated[
         float | None,
-        setting_option("index.startup_timeout_s", STARTUP_HELP, "--startup-timeout-s"),
+        setting_option("index.startup_timeout_s", "--startup-timeout-s"),
     ] = None,
     config: ConfigFile = None,
 ) -> None:
@@ -53,17 +50,7 @@ def index(
     from rlpulse.local.opensearch import search_url
     from rlpulse.streams.indexer.indexer import Indexer
 
-    chosen = settings(
-        config,
-        {
-            "bootstrap": bootstrap,
-            "prefix": prefix,
-            "opensearch_url": url,
-            "index.group_id": group,
-            "index.index_prefix": index_prefix,
-            "index.startup_timeout_s": startup_timeout_s,
-        },
-    )
+    chosen = command_settings(index, locals())
     address = search_url(chosen)
     indexer = Indexer(chosen, address, say)
     for number in (signal.SIGTERM, signal.SIGINT):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlpulse.cli.common import in_force, settings
+from rlpulse.cli.common import setting_option, settings
 
 if TYPE_CHECKING:
     import duckdb
@@ -16,11 +16,7 @@ __all__ = ["ArchiveRoot", "Output", "open_for"]
 
 ArchiveRoot = Annotated[
     str | None,
-    typer.Option(
-        "--archive",
-        help="Archive directory or pyarrow URI. "
-        + in_force("archive.root", shown=lambda chosen: chosen.archive_root),
-    ),
+    setting_option("archive.root", "--archive", shown=lambda chosen: chosen.archive_root),
 ]
 Output = Annotated[str, typer.Option("--format", help="table, csv or json (one object per line).")]
 

@@ -9,6 +9,7 @@ import typer
 
 from rlpulse.cli.common import (
     ConfigFile,
+    command_settings,
     in_force,
     one_line_errors,
     out,
@@ -38,23 +39,17 @@ StateDir = Annotated[
 @search_app.command("up")
 @one_line_errors
 def search_up(
-    port: Annotated[
-        int | None, setting_option("search.port", "Port of the REST API; 0: a free one.")
-    ] = None,
+    port: Annotated[int | None, setting_option("search.port")] = None,
     transport_port: Annotated[
         int | None,
-        setting_option("search.transport_port", "Port of the node's transport; 0: a free one."),
+        setting_option("search.transport_port"),
     ] = None,
-    heap: Annotated[str | None, setting_option("search.heap", "The JVM's heap (512m, 1g).")] = None,
+    heap: Annotated[str | None, setting_option("search.heap", note="(512m, 1g)")] = None,
     state_dir: StateDir = None,
     config: ConfigFile = None,
 ) -> None:
     """Start the local OpenSearch node (or report the running one) and wait for its REST API."""
-    chosen = settings(
-        config,
-        {"search.port": port, "search.transport_port": transport_port, "search.heap": heap},
-        without=LOCAL_CONTROL_SKIPS,
-    )
+    chosen = command_settings(search_up, locals(), without=LOCAL_CONTROL_SKIPS)
     node = LocalSearch(chosen, state_dir=state_dir)
     info = node.up(progress=lambda message: say(f"{message}…"))
     out.print(

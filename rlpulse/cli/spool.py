@@ -58,7 +58,6 @@ SpoolDir = Annotated[
     Path | None,
     setting_option(
         "producer.spool_dir",
-        "Root of the write-ahead logs.",
         "--spool-dir",
         shown=lambda chosen: resolve_spool_root(chosen).path,
     ),

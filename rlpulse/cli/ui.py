@@ -12,11 +12,11 @@ from rlpulse.cli.common import (
     Bootstrap,
     ConfigFile,
     Prefix,
+    command_settings,
     fail,
     one_line_errors,
     out,
     setting_option,
-    settings,
 )
 from rlpulse.cli.reading import ArchiveRoot
 
@@ -26,8 +26,8 @@ def ui(
     bootstrap: Bootstrap = None,
     prefix: Prefix = None,
     archive: ArchiveRoot = None,
-    host: Annotated[str | None, setting_option("ui.host", "Address the page listens on.")] = None,
-    port: Annotated[int | None, setting_option("ui.port", "Port of the page.")] = None,
+    host: Annotated[str | None, setting_option("ui.host")] = None,
+    port: Annotated[int | None, setting_option("ui.port")] = None,
     live: Annotated[
         bool, typer.Option(help="Read the live topics too (else the archive only).")
     ] = True,
@@ -37,11 +37,7 @@ def ui(
     from rlpulse.ui.data import run_data
     from rlpulse.ui.server import UiServer
 
-    chosen = settings(
-        config,
-        {"bootstrap": bootstrap, "prefix": prefix, "archive.root": archive, "ui.host": host,
-         "ui.port": port},
-    )  # fmt: skip
+    chosen = command_settings(ui, locals())
     data = run_data(chosen, live=live)
     problem = data.archive_problem()
     if problem is not None and not live:

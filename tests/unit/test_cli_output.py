@@ -136,8 +136,8 @@ def test_help_shows_the_default_in_force(tmp_path: Path) -> None:
 
     worker = shown("worker")
     assert (
-        "Seconds to wait for missing ranks. [default: 12.0, from env RLPULSE_WORKER__GRACE_S]"
-        in worker
+        "Seconds a step waits for missing ranks (wall clock). [default: 12.0, from env "
+        "RLPULSE_WORKER__GRACE_S]" in worker
     )
     assert "Partitions of the run-keyed topics. [default: 6]" in worker
     assert "[default: 127.0.0.1:29092]" in worker  # bootstrap: no broker runs in this home

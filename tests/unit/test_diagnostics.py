@@ -58,3 +58,19 @@ def test_a_console_handler_of_the_program_prints_them_once(tmp_path: Path) -> No
     refusals = [line for line in result.stderr.splitlines() if "was not sent" in line]
     assert len(refusals) == 1, result.stderr
     assert refusals[0].startswith("console: run run-a rank 0")
+
+
+def test_importing_rlpulse_leaves_the_programs_logging_alone() -> None:
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import logging, rlpulse, rlpulse.producers, rlpulse.cli; "
+            "print(logging.getLogger().handlers, logging.getLogger('rlpulse').handlers)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    assert shown.stdout.strip() == "[] []"

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Final, get_args
 
 from rlpulse.oncelog import WarnOnce
+from rlpulse.oncelog import install as install_diagnostics
 from rlpulse.producers.caller.rankfiles import RankFileSink
 from rlpulse.producers.caller.stacks import STACKS_DIRECTORY, enable_stack_dumps
 from rlpulse.producers.delivery.agent_place import AgentBell, AgentPlace
@@ -121,6 +122,7 @@ class EventLogger:
         tags: Mapping[str, str] | None = None,
         settings: Settings | None = None,
     ) -> None:
+        install_diagnostics()  # its warnings reach stderr whatever handlers the program has
         self.run_id = require_run_id(run_id)
         self.rank = require_int("rank", rank, 0)
         self.world_size = require_int("world_size", world_size, 1)

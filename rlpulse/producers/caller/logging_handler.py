@@ -38,6 +38,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from rlpulse.oncelog import install as install_diagnostics
 from rlpulse.producers.caller.sampling import RATE_ATTR, SAMPLED_OUT_ATTR, SamplingFilter
 from rlpulse.producers.caller.trace import current_trace_id
 from rlpulse.producers.encoding.fields import EventFields, LogFields
@@ -80,6 +81,7 @@ class EventHandler(logging.Handler):
         self, sink: EventSink, *, stage: str = "trainer", level: int | str = logging.NOTSET
     ) -> None:
         super().__init__(level)
+        install_diagnostics()  # the root logger's only handler ignores rlpulse's own records
         self.sink = sink
         self.stage = stage
         chosen = getattr(sink, "settings", None)
