@@ -18,6 +18,7 @@ from typing import TypeVar
 from confluent_kafka import KafkaException
 
 from rlpulse.settings import Settings
+from rlpulse.transport.backoff import Backoff
 from rlpulse.transport.bootstrap import bootstrap_servers
 from rlpulse.transport.clients import ClientDiagnostics, new_admin
 from rlpulse.transport.exceptions import (
@@ -63,7 +64,7 @@ def retry_until(
     past the deadline the last error is raised as :class:`BrokerUnavailableError`. A
     :class:`SecurityFailureError` is never retried.
     """
-    pause = FIRST_PAUSE_S
+    pauses = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)
     announced = False
     while True:
         try:
@@ -81,8 +82,7 @@ def retry_until(
                     f"{deadline.seconds:.0f} s"
                 )
                 announced = True
-        time.sleep(min(pause, deadline.left()))
-        pause = min(pause * 2, MAX_PAUSE_S)
+        time.sleep(min(pauses.next(), deadline.left()))
 
 
 def wait_for_kafka(settings: Settings, deadline: Deadline, say: Say | None = None) -> str:

@@ -36,6 +36,7 @@ from rlpulse.schemas.records import AckStatus, CommandAck, ControlCommand
 from rlpulse.schemas.signing import signature_problem
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
+from rlpulse.transport.backoff import Backoff
 from rlpulse.transport.clients import kafka_error_of, new_consumer, new_producer
 from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.roles import control_group_prefix
@@ -308,7 +309,7 @@ class ControlClient:
 
     def _start_in_background(self) -> None:
         """Retry :meth:`_start` with a growing pause until it succeeds or ``close()`` is called."""
-        pause = _FIRST_RETRY_S
+        pauses = Backoff(_FIRST_RETRY_S, _MAX_RETRY_S)
         while not self._stopping.is_set():
             try:
                 if self._start(time.monotonic() + self.startup_timeout_s):
@@ -321,8 +322,7 @@ class ControlClient:
                     self.run_id,
                     exc,
                 )
-            self._stopping.wait(pause)
-            pause = min(pause * 2, _MAX_RETRY_S)
+            self._stopping.wait(pauses.next())
         if self._consumer is not None:  # closed before start-up finished: this thread owns it
             self._consumer.close()
             self._consumer = None

@@ -69,6 +69,7 @@ from rlpulse.producers.delivery.wal import (
     segments,
 )
 from rlpulse.producers.encoding.logs import batch_body
+from rlpulse.transport.backoff import Backoff
 from rlpulse.transport.partitioning import partition_for
 from rlpulse.transport.topics import missing_topic
 
@@ -121,7 +122,7 @@ class Producers:
         self._stop_reports = threading.Event()
         self._answered_at = -1.0
         self._next_probe = 0.0
-        self._probe_pause = FIRST_PROBE_PAUSE_S
+        self._probe_pauses = Backoff(FIRST_PROBE_PAUSE_S, MAX_PROBE_PAUSE_S)
         self.last_error: str | None = None
         """Why the last probe failed (None: it answered)."""
 
@@ -184,7 +185,7 @@ class Producers:
             self.failed(now, str(exc.args[0].str() if exc.args else exc))
             return False
         self._answered_at = time.monotonic()
-        self._probe_pause = FIRST_PROBE_PAUSE_S
+        self._probe_pauses.reset()
         self.last_error = None
         return True
 
@@ -192,8 +193,7 @@ class Producers:
         """A probe or a read-back failed: wait before the next one, longer each time."""
         self.last_error = why
         self._answered_at = -1.0
-        self._next_probe = now + self._probe_pause
-        self._probe_pause = min(self._probe_pause * 2, MAX_PROBE_PAUSE_S)
+        self._next_probe = now + self._probe_pauses.next()
 
     def close(self) -> None:
         """Stop the report threads and close the read-back consumer.

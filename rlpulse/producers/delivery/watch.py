@@ -27,6 +27,7 @@ from rlpulse.oncelog import WarnOnce
 from rlpulse.producers.delivery.agent_place import AgentPlace, agent_alive, read_json
 from rlpulse.producers.delivery.wal import WalClaim
 from rlpulse.settings import Settings
+from rlpulse.transport.backoff import Backoff
 
 __all__ = ["AgentWatch", "watch_agent"]
 
@@ -59,7 +60,7 @@ class AgentWatch:
             target=self._run, name=f"rlpulse-agent-watch-{place.key}", daemon=True
         )
         self._next_start = 0.0
-        self._retry_s = _FIRST_RETRY_S
+        self._start_pauses = Backoff(_FIRST_RETRY_S, _MAX_RETRY_S)
 
     def start(self) -> None:
         """Start the watch thread (its first check is at once)."""
@@ -123,15 +124,14 @@ class AgentWatch:
             spawning.release()
         if why is None:
             self.starts += 1
-            self._retry_s = _FIRST_RETRY_S
+            self._start_pauses.reset()
             self._say(None)
         else:
             self._failed(why)
 
     def _failed(self, why: str) -> None:
         self.last_start_error = why
-        self._next_start = time.monotonic() + self._retry_s
-        self._retry_s = min(self._retry_s * 2, _MAX_RETRY_S)
+        self._next_start = time.monotonic() + self._start_pauses.next()
         self._say(
             f"no agent could be started for this host ({why}); records wait in the "
             f"write-ahead logs under {self.place.spool_root} until an agent runs or "

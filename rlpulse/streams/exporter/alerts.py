@@ -33,6 +33,7 @@ from rlpulse.schemas.records import ControlCommand
 from rlpulse.settings import ExporterSettings
 from rlpulse.streams.exporter.exceptions import ExporterError
 from rlpulse.streams.exporter.state import command_rule
+from rlpulse.transport.backoff import Backoff
 
 __all__ = ["AlertForwarder", "command_alert", "notified_actions"]
 
@@ -42,6 +43,7 @@ Alert = dict[str, Any]
 
 MAX_PENDING: Final = 1000
 """Alerts held while Alertmanager is unreachable; older ones are dropped (counted)."""
+FIRST_RETRY_PAUSE_S: Final = 0.5
 MAX_RETRY_PAUSE_S: Final = 30.0
 
 
@@ -141,7 +143,7 @@ class AlertForwarder:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        pause = 0.5
+        pauses = Backoff(FIRST_RETRY_PAUSE_S, MAX_RETRY_PAUSE_S)
         while True:
             with self._wake:
                 while not self._pending and not self._closed:
@@ -154,7 +156,7 @@ class AlertForwarder:
             outcome = self._post(batch)
             self.on_outcome(outcome, len(batch))
             if outcome != "failed":
-                pause = 0.5
+                pauses.reset()
                 continue
             if closing:
                 return
@@ -163,8 +165,7 @@ class AlertForwarder:
                 while len(self._pending) > MAX_PENDING:
                     self._pending.popleft()
                     self.on_outcome("dropped", 1)
-                self._wake.wait(pause)
-            pause = min(pause * 2, MAX_RETRY_PAUSE_S)
+                self._wake.wait(pauses.next())
 
     def _post(self, batch: list[Alert]) -> str:
         """``sent``; ``failed`` (unreachable or a server error: retry); ``dropped`` (refused)."""

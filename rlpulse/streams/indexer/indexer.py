@@ -55,6 +55,7 @@ from rlpulse.streams.indexer.documents import (
 )
 from rlpulse.streams.indexer.exceptions import IndexerError
 from rlpulse.streams.indexer.template import templates
+from rlpulse.transport.backoff import Backoff
 from rlpulse.transport.clients import is_fatal, new_consumer, new_producer
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics_for_reader
@@ -68,6 +69,8 @@ Refused = list[tuple[int, str]]
 POLL_S = 0.2
 CONSUME_MAX = 500
 FIRST_RETRY_S = 0.5
+WAIT_FOR_SEARCH_MAX_S = 5.0
+"""The longest pause between tries while waiting at start for the engine to answer."""
 REPORT_S = 60.0
 """How often a busy indexer says how it goes."""
 DLQ_TIMEOUT_S = 30.0
@@ -161,7 +164,7 @@ class Indexer:
 
     def _wait_for_search(self, deadline: Deadline) -> str:
         """Block until the engine answers; its name and version. Raises at the deadline."""
-        pause, announced = FIRST_RETRY_S, False
+        pauses, announced = Backoff(FIRST_RETRY_S, WAIT_FOR_SEARCH_MAX_S), False
         while True:
             try:
                 info = self.client.info()
@@ -180,8 +183,7 @@ class Indexer:
                 if not announced:
                     self._say(f"waiting for the search engine at {self.url} ({_why(exc)})")
                     announced = True
-            time.sleep(min(pause, deadline.left()))
-            pause = min(pause * 2, 5.0)
+            time.sleep(min(pauses.next(), deadline.left()))
 
     def _install_templates(self) -> None:
         index = self.settings.index
@@ -327,7 +329,7 @@ class Indexer:
         """
         todo = list(range(len(bulk.documents)))
         refused: Refused = []
-        pause = FIRST_RETRY_S
+        pauses = Backoff(FIRST_RETRY_S, self.settings.index.retry_max_s)
         while todo:
             outcome = self._request(bulk, todo)
             if outcome is not None:
@@ -345,9 +347,8 @@ class Indexer:
                     len(todo),
                 )
             self.counts.retries += 1
-            if self._stop.wait(pause):
+            if self._stop.wait(pauses.next()):
                 return None
-            pause = min(pause * 2, self.settings.index.retry_max_s)
         return refused
 
     def _request(self, bulk: _Bulk, todo: list[int]) -> BulkOutcome | None:
