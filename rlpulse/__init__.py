@@ -4,7 +4,7 @@ Subpackages: ``rlpulse.schemas`` (wire contracts and codec), ``rlpulse.producers
 (trainer side), ``rlpulse.rules`` (rule language and evaluator), ``rlpulse.streams``
 (the worker). This module imports none of them, so ``import rlpulse.producers``
 stays light, and it leaves the program's logging alone: rlpulse's own stderr handler
-(:mod:`rlpulse.oncelog`) is installed when a ``RunLink``, ``EventLogger``,
+(:mod:`rlpulse.diagnostics`) is installed when a ``RunLink``, ``EventLogger``,
 ``EventHandler`` or the CLI is built.
 """
 

@@ -32,7 +32,7 @@ from rlpulse.cli.spool import spool_app
 from rlpulse.cli.trace import trace_app
 from rlpulse.cli.ui import ui
 from rlpulse.cli.worker import worker
-from rlpulse.oncelog import install as install_diagnostics
+from rlpulse.diagnostics import install as install_diagnostics
 
 __all__ = ["app", "main"]
 

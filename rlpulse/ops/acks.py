@@ -12,11 +12,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from types import TracebackType
-from typing import Self
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from rlpulse.closing import ClosedByWith
 from rlpulse.ops.exceptions import AckWaitError
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.exceptions import DecodeError
@@ -32,7 +31,7 @@ __all__ = ["AckWatch", "TopicWatch", "describe_ack"]
 _SLICE_S = 0.25
 
 
-class TopicWatch:
+class TopicWatch(ClosedByWith):
     """Reads one topic from the end it had when the watch opened.
 
     Opened before a command is published, so an answer written at once is not missed and old
@@ -90,17 +89,6 @@ class TopicWatch:
     def close(self) -> None:
         """Close the consumer (it never committed anything)."""
         self._consumer.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class AckWatch(TopicWatch):

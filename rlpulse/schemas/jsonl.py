@@ -36,9 +36,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final, TypeGuard
 
+from rlpulse.closing import ClosedByWith
 from rlpulse.schemas.records import TrainerEvent
 from rlpulse.schemas.validation import metric_number, stage_problem
 
@@ -175,7 +175,7 @@ def world_sizes(files: Iterable[RankFile]) -> dict[str, int]:
 # -- writer ----------------------------------------------------------------------------------
 
 
-class RankLogWriter:
+class RankLogWriter(ClosedByWith):
     """Appends this rank's lines to ``<directory>/<component>_rank<rank>.jsonl``.
 
     The file (and ``directory``) is created at construction, so the rank counts towards the
@@ -248,17 +248,6 @@ class RankLogWriter:
         """Close the file; calling it again does nothing."""
         with self._lock:
             self._file.close()
-
-    def __enter__(self) -> RankLogWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def metrics_line(

@@ -30,7 +30,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from rlpulse.oncelog import WarnOnce
+from rlpulse.diagnostics import WarnOnce
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import BrokerRecord, bootstrap_servers, local_broker_dir
 from rlpulse.transport.exceptions import ClientConfigError

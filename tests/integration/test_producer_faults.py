@@ -140,7 +140,7 @@ class SimulatedRanks:
             f"{self.run_id}: {self.steps} steps x {RANKS} ranks; slowest log() "
             f"{self.slowest_log_s * 1e3:.2f} ms; delivered live "
             f"{sum(lg.delivered for lg in self.loggers)}, spooled "
-            f"{sum(lg.spooled for lg in self.loggers)}, dropped "
+            f"{sum(lg.resent for lg in self.loggers)}, dropped "
             f"{sum(lg.dropped for lg in self.loggers)}"
         )
 
@@ -278,7 +278,7 @@ def test_a_broker_down_at_start_comes_up_20s_later(broker: LocalBroker, tmp_path
     ranks.run_while(coming_up.is_alive, min_s=20.0)
     ranks.run_while(lambda: False, min_s=3.0)  # a little more with the broker up
     ranks.close()
-    assert sum(lg.spooled for lg in ranks.loggers) > 0, "the outage should have failed sends"
+    assert sum(lg.resent for lg in ranks.loggers) > 0, "the outage should have failed sends"
     assert_no_log_left(tmp_path / "spool")
     events = events_on_topic(bootstrap_of(broker), topics.events)
     on_wire = assert_exactly_once(events, ranks.expected_ids())
@@ -296,7 +296,7 @@ def test_b_broker_stopped_30s_mid_run(broker: LocalBroker, tmp_path: Path) -> No
     coming_up = in_background(lambda: bring_up(broker, topics))
     ranks.run_while(coming_up.is_alive, min_s=3.0)
     ranks.close()
-    assert sum(lg.spooled for lg in ranks.loggers) > 0, "the outage should have failed sends"
+    assert sum(lg.resent for lg in ranks.loggers) > 0, "the outage should have failed sends"
     assert_no_log_left(tmp_path / "spool")
     events = events_on_topic(bootstrap_of(broker), topics.events)
     on_wire = assert_exactly_once(events, ranks.expected_ids())

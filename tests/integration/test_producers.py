@@ -134,7 +134,7 @@ def test_logged_events_arrive_decodable_and_in_sequence(
         logger.log({}, 4, kind="log", level="INFO", message="epoch done")
         logger.run_end(5)
         assert logger.flush(WAIT_S) == 0
-        assert (logger.logged, logger.delivered, logger.spooled, logger.dropped) == (8, 8, 0, 0)
+        assert (logger.logged, logger.delivered, logger.resent, logger.dropped) == (8, 8, 0, 0)
 
     codec = default_codec()
     messages = read_topic(kafka_bootstrap, topics.events, 8)

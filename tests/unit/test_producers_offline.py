@@ -91,7 +91,7 @@ def test_constructors_do_no_network_io(monkeypatch: pytest.MonkeyPatch) -> None:
     logger = EventLogger("run-a", rank=3, world_size=8, settings=unreachable())
     client = ControlClient("run-a", attempt=1, settings=unreachable())
     link = RunLink("run-a", tags={"team": "rl"}, settings=unreachable())
-    assert (logger.logged, logger.delivered, logger.spooled, logger.dropped) == (0, 0, 0, 0)
+    assert (logger.logged, logger.delivered, logger.resent, logger.dropped) == (0, 0, 0, 0)
     assert not client.started
     # Closing what never connected creates nothing either.
     assert logger.close() == 0
@@ -342,3 +342,11 @@ def test_a_logger_whose_events_would_all_be_refused_is_an_error() -> None:
         EventLogger("r" * 300, settings=unreachable())
     with pytest.raises(RefusedSourceError, match="65 tags"):
         EventLogger("run-a", tags={f"t{i}": "v" for i in range(65)}, settings=unreachable())
+
+
+def test_the_old_name_spooled_still_counts_resent_records_and_says_it_is_deprecated() -> None:
+    with (
+        EventLogger("run-old-name", settings=unreachable()) as logger,
+        pytest.warns(DeprecationWarning, match="EventLogger.resent"),
+    ):
+        assert logger.spooled == logger.resent == 0

@@ -17,7 +17,7 @@ from rlpulse.rules import load_preset
 from rlpulse.settings import Settings
 from rlpulse.streams.rulebook import RuleBook
 from rlpulse.streams.worker.app import WorkerApp
-from rlpulse.streams.worker.encoded import dumps, loads
+from rlpulse.streams.worker.json_values import dumps, loads
 
 
 def test_every_changelog_reads_back_what_the_worker_writes(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+from rlpulse.closing import ClosedByWith
 from rlpulse.producers.caller.attempts import resume_attempt, write_attempt
 from rlpulse.producers.caller.ending import CLOSED, FINISHED, RunEnding, stopped_by
 from rlpulse.producers.caller.logger import EventLogger
@@ -47,7 +48,7 @@ def expiry(command: ControlCommand, step: int, max_age_steps: int | None) -> str
     )
 
 
-class RunLink:
+class RunLink(ClosedByWith):
     """A run's link to rlpulse: an :class:`EventLogger` and rank 0's :class:`ControlClient`.
 
     Every step, on every rank: ``link.log(...)``; ``link.poll_commands()`` (rank 0
@@ -92,7 +93,7 @@ class RunLink:
         self.events = EventLogger(
             run_id, rank=rank, world_size=world_size, attempt=attempt, tags=tags, settings=settings
         )
-        """The event logger (counters ``logged``, ``delivered``, ``spooled``, ``dropped``...)."""
+        """The event logger (counters ``logged``, ``delivered``, ``resent``, ``dropped``...)."""
         self.control = (
             ControlClient(run_id, attempt=attempt, settings=settings)
             if self.events.rank == 0
@@ -295,9 +296,6 @@ class RunLink:
         if self.control is not None:
             self.control.close()
         return self.events.close(timeout_s)
-
-    def __enter__(self) -> RunLink:
-        return self
 
     def __exit__(
         self,

@@ -16,15 +16,16 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from functools import cache, partial
 from pathlib import Path
-from types import TracebackType
 from typing import Final, get_args
 
-from rlpulse.oncelog import WarnOnce
-from rlpulse.oncelog import install as install_diagnostics
+from rlpulse.closing import ClosedByWith
+from rlpulse.diagnostics import WarnOnce
+from rlpulse.diagnostics import install as install_diagnostics
 from rlpulse.producers.caller.rankfiles import RankFileSink
 from rlpulse.producers.caller.stacks import STACKS_DIRECTORY, enable_stack_dumps
 from rlpulse.producers.delivery.agent_place import AgentBell, AgentPlace
@@ -89,7 +90,7 @@ def host_ip() -> str:
         return ""
 
 
-class EventLogger:
+class EventLogger(ClosedByWith):
     """Publishes one run's TrainerEvents from one process (one rank); never blocks, never loses.
 
     Construction does no I/O; the write-ahead log starts with the first record. ``log()``
@@ -232,9 +233,19 @@ class EventLogger:
         return self._acked().delivered
 
     @property
-    def spooled(self) -> int:
+    def resent(self) -> int:
         """Records whose delivery failed (the broker out of reach) and were sent again."""
         return self._acked().resent
+
+    @property
+    def spooled(self) -> int:
+        """Deprecated: the old name of :attr:`resent` (it counted records sent again)."""
+        warnings.warn(
+            "EventLogger.spooled is deprecated: it is EventLogger.resent",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.resent
 
     @property
     def dropped(self) -> int:
@@ -638,17 +649,6 @@ class EventLogger:
                 self.wal_dir,
             )
         return left
-
-    def __enter__(self) -> EventLogger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _start(self) -> WalWriter:
         """Create the write-ahead log; find (or have started) the host's agent (under the lock).

@@ -18,7 +18,7 @@ trace id (``extra={"trace_id": ...}``, else the current trace context of
 logged), the stage (``extra={"stage": ...}``) and every other ``extra`` field as text.
 Records of rlpulse's own loggers are ignored, so the handler can sit on the root logger
 without feeding on itself; they reach stderr through the ``rlpulse`` logger's own handler
-(:mod:`rlpulse.oncelog`), however the program's handlers are set up.
+(:mod:`rlpulse.diagnostics`), however the program's handlers are set up.
 
 The sink is anything with ``log_event(EventFields)`` and ``log_line(LogFields)``
 (:class:`EventSink`; :class:`RunLink` and :class:`EventLogger` have both): the handler hands
@@ -38,7 +38,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from rlpulse.oncelog import install as install_diagnostics
+from rlpulse.diagnostics import install as install_diagnostics
 from rlpulse.producers.caller.sampling import RATE_ATTR, SAMPLED_OUT_ATTR, SamplingFilter
 from rlpulse.producers.caller.trace import current_trace_id
 from rlpulse.producers.encoding.fields import EventFields, LogFields

@@ -15,12 +15,12 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import get_args
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from rlpulse.oncelog import WarnOnce
+from rlpulse.closing import ClosedByWith
+from rlpulse.diagnostics import WarnOnce
 from rlpulse.producers.control.screening import command_problem
 from rlpulse.producers.encoding.arguments import (
     LONG_MAX,
@@ -56,7 +56,7 @@ _MAX_RETRY_S = 30.0
 _STARTER_JOIN_S = 1.0
 
 
-class ControlClient:
+class ControlClient(ClosedByWith):
     """Reads the control topic for one run attempt and writes its acks.
 
     Construction does no network I/O. The first :meth:`poll` starts a daemon thread
@@ -279,17 +279,6 @@ class ControlClient:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-
-    def __enter__(self) -> ControlClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- start-up ---------------------------------------------------------------------
 

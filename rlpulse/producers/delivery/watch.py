@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from rlpulse.oncelog import WarnOnce
+from rlpulse.diagnostics import WarnOnce
 from rlpulse.producers.delivery.agent_place import AgentPlace, agent_alive, read_json
 from rlpulse.producers.delivery.wal import WalClaim
 from rlpulse.settings import Settings

@@ -67,7 +67,7 @@ from rlpulse.archive.exceptions import ArchiveError
 from rlpulse.archive.layout import FileName, plan_resume
 from rlpulse.archive.store import ArchiveStore
 from rlpulse.archive.tables import Table, tables_of
-from rlpulse.oncelog import WarnOnce
+from rlpulse.diagnostics import WarnOnce
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from rlpulse.oncelog import WarnOnce
+from rlpulse.diagnostics import WarnOnce
 from rlpulse.rules.model import choice_hint
 from rlpulse.schemas.actions import ACTIONS
 from rlpulse.schemas.records import ControlCommand

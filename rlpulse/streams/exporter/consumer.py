@@ -23,7 +23,7 @@ from typing import Any, Final, Literal
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka._types import HeadersType
 
-from rlpulse.oncelog import WarnOnce
+from rlpulse.diagnostics import WarnOnce
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError, DecodeFailure
 from rlpulse.schemas.records import (

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rlpulse.oncelog import WarnOnce
+from rlpulse.diagnostics import WarnOnce
 from rlpulse.settings import Settings
 from rlpulse.streams.exporter.state import LagKey
 from rlpulse.transport.clients import new_admin, new_consumer

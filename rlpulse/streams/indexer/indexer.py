@@ -41,7 +41,7 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import ConnectionError as SearchConnectionError
 from opensearchpy.exceptions import TransportError as SearchTransportError
 
-from rlpulse.oncelog import WarnOnce
+from rlpulse.diagnostics import WarnOnce
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.exceptions import SchemaError
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics

@@ -3,7 +3,7 @@
 :mod:`~rlpulse.streams.worker.run` starts it; :mod:`~rlpulse.streams.worker.app` is its
 faust app and agent, which only move bytes between Kafka and
 :class:`~rlpulse.streams.pipeline.StepPipeline`; the rest keeps its state in faust tables
-(:mod:`.write_behind`, :mod:`.state_codec`, :mod:`.encoded`), sends in order
+(:mod:`.write_behind`, :mod:`.state_codec`, :mod:`.json_values`), sends in order
 (:mod:`.outbox`), watches what faust delivers (:mod:`.read_tracker`,
-:mod:`.steady_consumer`) and counts it all for Prometheus (:mod:`.metrics`).
+:mod:`.faust_consumer`) and counts it all for Prometheus (:mod:`.metrics`).
 """

@@ -85,13 +85,13 @@ from rlpulse.settings import Settings
 from rlpulse.streams.keys import event_stage_key, run_key
 from rlpulse.streams.pipeline import PipelineTables, Released, StepOutput, StepPipeline
 from rlpulse.streams.rulebook import RuleBook
-from rlpulse.streams.worker.encoded import JsonValues
+from rlpulse.streams.worker.faust_consumer import use_faust_consumer
 from rlpulse.streams.worker.gap_reader import GapReader
+from rlpulse.streams.worker.json_values import JsonValues
 from rlpulse.streams.worker.metrics import WorkerMetrics
 from rlpulse.streams.worker.outbox import Outbox
 from rlpulse.streams.worker.read_tracker import ReadTracker
 from rlpulse.streams.worker.state_codec import register_state_codec
-from rlpulse.streams.worker.steady_consumer import use_steady_consumer
 from rlpulse.streams.worker.write_behind import WriteBehind, flush_in_order
 from rlpulse.transport.clients import faust_broker_options, worker_client_id
 from rlpulse.transport.replication import Replication
@@ -150,7 +150,7 @@ def faust_app(
     if replication is not None:
         options["topic_replication_factor"] = replication.factor
     app = faust.App(settings.worker_group, **options)
-    use_steady_consumer(
+    use_faust_consumer(
         app,
         fetch_max_wait_s=worker.fetch_max_wait_s,
         pause_on_busy_buffer=worker.pause_on_busy_buffer,
@@ -200,7 +200,7 @@ class Batcher:
     buffer not yet empty when faust stopped it) would wait for a next event that does not
     come, and faust would wait for it forever: the group's rebalance hung, and a SIGTERMed
     worker never ended. :meth:`close_open`, which the consumer awaits before that wait
-    (:func:`~rlpulse.streams.worker.steady_consumer.use_steady_consumer`), finishes and acks
+    (:func:`~rlpulse.streams.worker.faust_consumer.use_faust_consumer`), finishes and acks
     the open batch there.
     """
 

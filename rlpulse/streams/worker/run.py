@@ -25,9 +25,9 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.streams.rulebook import rule_book
 from rlpulse.streams.worker.app import WorkerApp
-from rlpulse.streams.worker.holdings import PartitionHoldings
+from rlpulse.streams.worker.faust_consumer import SteadyConsumer
+from rlpulse.streams.worker.held_partitions import PartitionHoldings
 from rlpulse.streams.worker.metrics import GcPauseTimer
-from rlpulse.streams.worker.steady_consumer import SteadyConsumer
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError
 from rlpulse.transport.readiness import Deadline, retry_until, wait_for_kafka

@@ -2,8 +2,8 @@
 
 Table values are plain JSON documents. faust's own ``json`` codec may switch to
 ``orjson``, which writes NaN as ``null``; metric windows hold NaN on purpose, so
-the tables use the standard library's encoder (:mod:`rlpulse.streams.worker.encoded`), which keeps
-NaN and infinities.
+the tables use the standard library's encoder
+(:mod:`rlpulse.streams.worker.json_values`), which keeps NaN and infinities.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from faust.serializers import codecs
 
-from rlpulse.streams.worker.encoded import dumps, loads
+from rlpulse.streams.worker.json_values import dumps, loads
 
 CODEC_NAME = "rlpulse_state"
 

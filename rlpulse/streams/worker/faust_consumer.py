@@ -28,10 +28,10 @@ metadata, for up to :data:`CREATE_TOPIC_RETRY_S`.
 It also answers one question faust does not: how many members the consumer group has
 (:meth:`SteadyConsumer.group_members`, one DescribeGroups request on the consumer's own
 connection), for the line a worker prints after each rebalance
-(:mod:`rlpulse.streams.worker.holdings`).
+(:mod:`rlpulse.streams.worker.held_partitions`).
 
 Everything else — offsets, commits, acks, rebalances — is faust's own.
-:func:`use_steady_consumer` installs it on an app before its consumer is created.
+:func:`use_faust_consumer` installs it on an app before its consumer is created.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from aiokafka.protocol.admin import DescribeGroupsRequest
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-__all__ = ["CREATE_TOPIC_RETRY_S", "SteadyConsumer", "SteadyTransport", "use_steady_consumer"]
+__all__ = ["CREATE_TOPIC_RETRY_S", "SteadyConsumer", "SteadyTransport", "use_faust_consumer"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class _FetchWaitThread(faust_aiokafka.AIOKafkaConsumerThread):
         # faust passes a fixed 1,500 ms; aiokafka keeps it until start() builds its Fetcher.
         if not hasattr(created, "_fetch_max_wait_ms"):
             raise RuntimeError(
-                "this aiokafka keeps its fetch wait elsewhere: streams/steady_consumer.py "
+                "this aiokafka keeps its fetch wait elsewhere: streams/faust_consumer.py "
                 "is written against faust-streaming 0.15.3 and aiokafka 0.14.0"
             )
         consumer: Any = self.consumer
@@ -188,7 +188,7 @@ class SteadyTransport(faust_aiokafka.Transport):
             await client.force_metadata_update()
 
 
-def use_steady_consumer(
+def use_faust_consumer(
     app: faust.App,
     *,
     fetch_max_wait_s: float,

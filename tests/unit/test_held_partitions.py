@@ -6,7 +6,7 @@ import asyncio
 
 from faust.types import TP
 
-from rlpulse.streams.worker.holdings import PartitionHoldings, holdings_line
+from rlpulse.streams.worker.held_partitions import PartitionHoldings, holdings_line
 
 
 def test_the_line_names_the_partitions_held_and_the_group() -> None:

@@ -10,7 +10,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from rlpulse.settings import Settings, WorkerSettings
 from rlpulse.streams.worker.app import faust_app
-from rlpulse.streams.worker.steady_consumer import SteadyConsumer
+from rlpulse.streams.worker.faust_consumer import SteadyConsumer
 
 
 def test_the_worker_app_uses_the_settings_fetch_wait_and_flow_control(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import math
 
-from rlpulse.streams.worker.encoded import JsonValues, dumps, loads
+from rlpulse.streams.worker.json_values import JsonValues, dumps, loads
 
 
 def test_documents_round_trip_through_bytes_with_nan_and_infinities() -> None:
