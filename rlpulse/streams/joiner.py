@@ -40,8 +40,9 @@ late ranks costs one revision; apart from the one completing the step and those 
 ``run_end`` and at the window's end, a step gets at most one revision per linger. The fields
 ``pending_ns`` and ``pending`` are read with defaults, so state written before them loads.
 
-Crash consistency. A caller that persists the mappings in batches (the worker) must make
-``groups`` and ``runs`` durable before ``stages`` and the summaries before ``groups``. Then
+Crash consistency. A caller that persists the mappings in batches must make ``groups`` and
+``runs`` durable before ``stages`` and the summaries before ``groups`` (the worker's
+``WorkerApp.commit_order`` does). Then
 any persisted state is one from which replaying the not-yet-committed events gives the same
 summaries with the same ids: a stage that is behind replays its unreleased groups from their
 events (a released group it had not yet recorded is adopted from ``groups``, whose summary is

@@ -17,7 +17,7 @@ import pytest
 from faust.serializers import codecs
 
 from rlpulse.streams.worker.state_codec import CODEC_NAME, register_state_codec
-from rlpulse.streams.worker.write_behind import WriteBehind, flush_in_order
+from rlpulse.streams.worker.write_behind import SourcePartition, WriteBehind, flush_in_order
 
 
 class RecordingOutbox:
@@ -67,13 +67,14 @@ def test_each_changed_key_goes_to_its_changelog_once_with_its_latest_value(
     app: faust.App,
 ) -> None:
     outbox = RecordingOutbox()
-    view = WriteBehind(table(app, "groups"), outbox)  # type: ignore[arg-type]
-    view.partition = 2
+    source = SourcePartition()
+    view = WriteBehind(table(app, "groups"), outbox, source)  # type: ignore[arg-type]
+    source.number = 2
     view["a"] = {"n": 1}
     view["a"] = {"n": 2}
     view["b"] = {"n": 1}
     del view["b"]
-    view.partition = 0  # the next message's partition: its own keys
+    source.number = 0  # the next message's partition: its own keys
     view["c"] = {"n": 1}
     assert (view["a"], view.get("b"), "c" in view, len(view)) == ({"n": 2}, None, True, 2)
     assert view.dirty
@@ -97,9 +98,10 @@ def test_each_changed_key_goes_to_its_changelog_once_with_its_latest_value(
 
 def test_flush_in_order_waits_for_each_stage_before_sending_the_next(app: faust.App) -> None:
     outbox = RecordingOutbox()
-    first = WriteBehind(table(app, "rule-state"), outbox)  # type: ignore[arg-type]
-    second = WriteBehind(table(app, "joiner-groups"), outbox)  # type: ignore[arg-type]
-    last = WriteBehind(table(app, "joiner-stages"), outbox)  # type: ignore[arg-type]
+    source = SourcePartition()
+    first = WriteBehind(table(app, "rule-state"), outbox, source)  # type: ignore[arg-type]
+    second = WriteBehind(table(app, "joiner-groups"), outbox, source)  # type: ignore[arg-type]
+    last = WriteBehind(table(app, "joiner-stages"), outbox, source)  # type: ignore[arg-type]
     for view in (first, second, last):
         view["k"] = {"v": 1}
 

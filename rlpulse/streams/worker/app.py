@@ -50,8 +50,9 @@ Summaries and commands have deterministic ids and their consumers count each id 
 once), so publishing one twice is harmless; what must never happen is a state record
 saying "published" or "evaluated" for something that was not. Each batch therefore ends
 with, in this order: (1) the summaries, commands and dead letters it produced, awaited until
-delivered; (2) the rule state, awaited; (3) the joiner's released groups, run index and
-partition index, awaited; (4) the joiner's stage records. faust acks a batch's messages
+delivered; then the tables in :attr:`WorkerApp.commit_order` (the one place that order is
+written), tier by tier: (2) the rule state, awaited; (3) the joiner's released groups, run
+index and partition index, awaited; (4) the joiner's stage records. faust acks a batch's messages
 after that and commits offsets only after flushing its producer, so a committed offset
 implies (1)-(4) are durable. After a crash the new owner restores the tables from their
 changelogs and replays the messages after the committed offset: whatever prefix of (1)-(4)
@@ -92,7 +93,7 @@ from rlpulse.streams.worker.metrics import WorkerMetrics
 from rlpulse.streams.worker.outbox import Outbox
 from rlpulse.streams.worker.read_tracker import ReadTracker
 from rlpulse.streams.worker.state_codec import register_state_codec
-from rlpulse.streams.worker.write_behind import WriteBehind, flush_in_order
+from rlpulse.streams.worker.write_behind import SourcePartition, WriteBehind, flush_in_order
 from rlpulse.transport.clients import faust_broker_options, worker_client_id
 from rlpulse.transport.replication import Replication
 from rlpulse.transport.topics import TopicSpec
@@ -286,6 +287,7 @@ class WorkerApp:
         changelog_config = {} if replication is None else replication.topic_config()
         self.outbox = Outbox(self.app)
         state_codec = register_state_codec()
+        self.source = SourcePartition()
         topics = Topics(settings.prefix)
 
         def table(name: str, encoded_values: bool = False) -> WriteBehind:
@@ -301,7 +303,7 @@ class WorkerApp:
             created.changelog_topic = created.changelog_topic.derive(
                 key_serializer=created.key_serializer, value_serializer=created.value_serializer
             )
-            return WriteBehind(created, self.outbox)
+            return WriteBehind(created, self.outbox, self.source)
 
         self.topics = topics
         self.ticks_name = topics.ticks
@@ -321,7 +323,14 @@ class WorkerApp:
             settings.limits,
         )
         self.joiner = self.pipeline.joiner
-        self._tables = (self.groups, self.stages, self.runs, self.partition_stages, self.rule_state)
+        self.commit_order: tuple[tuple[WriteBehind, ...], ...] = (
+            (self.rule_state,),
+            (self.groups, self.runs, self.partition_stages),
+            (self.stages,),
+        )
+        """The tables a batch makes durable after its outputs are delivered, tier by tier,
+        each tier delivered before the next is sent: (2), (3), (4) of the module docstring."""
+        self._tables = tuple(view for tier in self.commit_order for view in tier)
         # Stage keys this process has put in (or found in) its partition's index.
         self._indexed_stages: set[str] = set()
         # Run attempt keys this process has put in its partition's index of watched runs
@@ -391,8 +400,7 @@ class WorkerApp:
         ones and it are sent at once, in their order, so the command does not wait for the
         batch to close.
         """
-        for view in self._tables:
-            view.partition = message.partition
+        self.source.number = message.partition
         if message.partition not in self._owned:
             self._take_over(message.partition)
         if message.topic == self.ticks_name:
@@ -428,9 +436,7 @@ class WorkerApp:
         await self._send_held()
         await asyncio.gather(*self._deliveries)
         self._deliveries.clear()
-        await flush_in_order(
-            [self.rule_state], [self.groups, self.runs, self.partition_stages], [self.stages]
-        )
+        await flush_in_order(*self.commit_order)
         for message in self._reread:  # their offsets become committable with the batch's
             self.app.consumer.ack(message)
         self._reread.clear()

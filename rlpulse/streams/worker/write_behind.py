@@ -12,28 +12,40 @@ the same final values.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 from faust.serializers import codecs
 
 from rlpulse.streams.worker.outbox import Outbox
 
-__all__ = ["WriteBehind", "flush_in_order"]
+__all__ = ["SourcePartition", "WriteBehind", "flush_in_order"]
+
+
+class SourcePartition:
+    """The source partition of the message being processed, shared by every table's view.
+
+    A table's changelog partition is its source partition (faust recovers partition ``p`` of
+    the changelog for whoever owns partition ``p``): the worker sets :attr:`number` once per
+    message, before changing anything, and each view's changes go there.
+    """
+
+    __slots__ = ("number",)
+
+    def __init__(self) -> None:
+        self.number = 0
 
 
 class WriteBehind(MutableMapping[str, Any]):
     """A dict view of one faust Table whose changelog writes wait for :meth:`flush`.
 
-    Set :attr:`partition` to the source partition of the message being processed before
-    changing anything: a table's changelog partition is its source partition (faust
-    recovers partition ``p`` of the changelog for whoever owns partition ``p``).
+    A change goes to the changelog partition ``source`` holds when it is made.
     """
 
-    def __init__(self, table: Any, outbox: Outbox) -> None:
+    def __init__(self, table: Any, outbox: Outbox, source: SourcePartition) -> None:
         self.table = table
         self.outbox = outbox
-        self.partition = 0
+        self.source = source
         self._dirty: dict[str, int] = {}
 
     def __getitem__(self, key: str) -> Any:
@@ -48,11 +60,11 @@ class WriteBehind(MutableMapping[str, Any]):
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.table.data[key] = value
-        self._dirty[key] = self.partition
+        self._dirty[key] = self.source.number
 
     def __delitem__(self, key: str) -> None:
         del self.table.data[key]
-        self._dirty[key] = self.partition
+        self._dirty[key] = self.source.number
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.table.data)
@@ -84,7 +96,7 @@ class WriteBehind(MutableMapping[str, Any]):
         return deliveries
 
 
-async def flush_in_order(*stages: list[WriteBehind]) -> None:
+async def flush_in_order(*stages: Sequence[WriteBehind]) -> None:
     """Flush the views stage by stage; each stage is delivered before the next one is sent.
 
     The last stage is only sent: faust flushes its producer before it commits the offsets
