@@ -70,7 +70,6 @@ from rlpulse.archive.store import ArchiveStore
 from rlpulse.archive.tables import tables_of
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import bootstrap_or_local_broker
-from rlpulse.local.indexer_process import IndexerProcess
 from rlpulse.local.opensearch import local_search_or_url, request_json
 from rlpulse.producers import EventHandler, EventLogger, Settings
 from rlpulse.producers.delivery.agent_place import read_json
@@ -661,6 +660,11 @@ def bare_bulk(url: str, bodies: list[bytes], total: int) -> float:
 
 
 def bench_indexing(bootstrap: str, url: str, work: Path, records: int) -> None:
+    # The indexer's child process is the tests' (tests/support): this repository's tests/,
+    # ahead of any installed package named "tests".
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.support.indexer_process import IndexerProcess
+
     topics = Topics(prefix=f"bench-{uuid.uuid4().hex[:8]}")
     settings = load_settings(
         {"bootstrap": bootstrap, "prefix": topics.prefix, "producer.spool_dir": work / "spool"}

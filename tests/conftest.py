@@ -17,11 +17,11 @@ import pytest
 
 from rlpulse.local.broker import bootstrap_or_local_broker
 from rlpulse.local.opensearch import local_search_or_url
-from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.transport.topics import ensure_topics
 from tests.kafka import settings_at
+from tests.support.s3proxy import S3Proxy
 
 QUICK_JIT = '["-XX:TieredStopAtLevel=1"]'
 """The JVM option of every broker the tests start: the quick compiler only.

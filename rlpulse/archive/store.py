@@ -9,7 +9,7 @@ written under their final names, one after the other, and a flush cut short show
 than its ``n`` files (:mod:`rlpulse.archive.layout` deletes those on resume).
 
 ``s3://`` roots go to AWS S3, or to the S3-compatible server at ``archive.s3_endpoint``
-(:func:`s3_filesystem`); tested against S3Proxy 2.6.0 (:mod:`rlpulse.local.s3proxy`).
+(:func:`s3_filesystem`); tested against S3Proxy 2.6.0 (``tests/support/s3proxy.py``).
 """
 
 from __future__ import annotations

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlpulse.local.child_process import ChildProcess, setting_variables
+from rlpulse.local.child_process import ChildProcess, rlpulse_command, setting_variables
 
 __all__ = ["ArchiverProcess"]
 
@@ -33,11 +32,7 @@ class ArchiverProcess(ChildProcess):
 
     def command(self) -> list[str]:
         """The command line of the child."""
-        return [
-            sys.executable,
-            "-P",  # not the working directory: a ./rlpulse there is not the package
-            "-m",
-            "rlpulse",
+        return rlpulse_command(
             "archive",
             "--bootstrap",
             self.bootstrap,
@@ -45,4 +40,4 @@ class ArchiverProcess(ChildProcess):
             self.prefix,
             "--root",
             self.root,
-        ]
+        )

@@ -27,7 +27,6 @@ way.
 from __future__ import annotations
 
 import base64
-import contextlib
 import functools
 import hashlib
 import ipaddress
@@ -36,7 +35,8 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING
 
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import BrokerError
-from rlpulse.local.java import find_java, port_in_use, stop_pid, tail
+from rlpulse.local.java import Progress, find_java, port_in_use, tail
+from rlpulse.local.java_service import LocalJavaService, configured_or_local
 from rlpulse.local.pinned_jars import PinnedJars
 from rlpulse.local.private_files import write_private
 from rlpulse.producers.delivery.spool_root import (
@@ -79,8 +80,6 @@ ADMIN_TIMEOUT_S = 30.0
 ADMIN_USER = "admin"
 SECURE_MECHANISM: SaslMechanism = "SCRAM-SHA-512"
 
-Progress = Callable[[str], None]
-
 
 def _kafka_files() -> Path:
     return Path(str(resources.files("rlpulse.local").joinpath("kafka")))
@@ -90,18 +89,11 @@ def _kafka_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-@contextlib.contextmanager
-def bootstrap_or_local_broker(settings: Settings, state_dir: Path) -> Iterator[str]:
+def bootstrap_or_local_broker(settings: Settings, state_dir: Path) -> AbstractContextManager[str]:
     """``settings.bootstrap`` if set, else a new local broker in ``state_dir``, stopped on exit."""
-    if settings.bootstrap:
-        yield settings.bootstrap
-        return
-    broker = LocalBroker(settings, state_dir=state_dir, port=0)
-    record = broker.up()
-    try:
-        yield record.bootstrap
-    finally:
-        broker.down()
+    return configured_or_local(
+        settings.bootstrap, LocalBroker(settings, state_dir=state_dir, port=0)
+    )
 
 
 class KafkaJars(PinnedJars):
@@ -138,7 +130,7 @@ class NewUser:
     acls: int
 
 
-class LocalBroker:
+class LocalBroker(LocalJavaService[BrokerRecord]):
     """One local Kafka broker whose files live in ``state_dir``.
 
     ``port`` (default: ``broker.port``, 9092) ``=0`` picks a free client port (what tests
@@ -146,6 +138,14 @@ class LocalBroker:
     at each start (recorded in the state): no client dials them, and ``port + 1`` and
     ``port + 2`` are Alertmanager's (9093, 9094) beside a broker on 9092.
     """
+
+    product = "Kafka"
+    process_noun = "a broker process"
+    record_noun = "broker"
+    down_command = "rlpulse broker down"
+    log_name = "server.log"
+    error = BrokerError
+    stop_timeout_s = STOP_TIMEOUT_S
 
     def __init__(
         self,
@@ -156,9 +156,11 @@ class LocalBroker:
         *,
         secure: bool = False,
     ) -> None:
+        super().__init__(
+            state_dir if state_dir is not None else settings.home / "broker", START_TIMEOUT_S
+        )
         self.settings = settings
         self.cache_dir = settings.home
-        self.state_dir = state_dir if state_dir is not None else settings.home / "broker"
         self.port = settings.broker.port if port is None else port
         self.overrides = dict(overrides or {})
         self.heap = settings.broker.heap
@@ -264,51 +266,28 @@ class LocalBroker:
         write_private(password_file, password.encode() + b"\n")
         return NewUser(name, role, password_file, count)
 
-    @property
-    def state_file(self) -> Path:
-        """JSON record of the running broker."""
-        return self.state_dir / "state.json"
-
-    @property
-    def log_file(self) -> Path:
-        """The broker's own log."""
-        return self.state_dir / "logs" / "server.log"
-
-    @property
-    def console_file(self) -> Path:
-        """The JVM's stdout and stderr."""
-        return self.state_dir / "logs" / "console.log"
-
     def info(self) -> BrokerRecord | None:
         """The recorded broker if its process is alive, else None."""
         return BrokerRecord.read(self.state_dir)
 
-    def status(self) -> str:
-        """One sentence saying whether the broker is up and where."""
-        info = self.info()
-        if info is not None:
-            healthy = self._metadata_ok(info.bootstrap, timeout_s=5.0, secure=info.secure)
-            state = "up" if healthy else "running but not answering metadata requests"
-            secured = f", {_secured(info)}" if info.secure else ""
-            java = f", {info.java}" if info.java else ""
-            return (
-                f"Kafka {info.kafka_version} is {state} at {info.bootstrap} "
-                f"(pid {info.pid}{secured}{java}, log {info.log_file})"
-            )
-        if self.state_file.exists():
-            return f"Kafka is down (stale state in {self.state_dir}: its process is gone)"
-        return f"Kafka is down (no broker recorded in {self.state_dir})"
+    def address(self, record: BrokerRecord) -> str:
+        """The recorded broker's bootstrap address."""
+        return record.bootstrap
 
-    def up(self, progress: Progress | None = None) -> BrokerRecord:
-        """Start the broker, or return the running one; raise BrokerError with the reason."""
-        say = progress or (lambda _msg: None)
-        launched = self.launch(say)
-        if isinstance(launched, BrokerRecord):
-            return launched
-        process, info = launched
-        self.wait_ready(process, info)
-        say(f"Kafka is up at {info.bootstrap}")
-        return info
+    def answers(self, record: BrokerRecord, timeout_s: float) -> bool:
+        """Whether the recorded broker answers a metadata request within ``timeout_s``."""
+        return self._metadata_ok(record.bootstrap, timeout_s, secure=record.secure)
+
+    def describe(self, record: BrokerRecord) -> str:
+        """Where the running broker is, whether it answers, and with which Java."""
+        healthy = self.answers(record, timeout_s=5.0)
+        state = "up" if healthy else "running but not answering metadata requests"
+        secured = f", {_secured(record)}" if record.secure else ""
+        java = f", {record.java}" if record.java else ""
+        return (
+            f"Kafka {record.kafka_version} is {state} at {record.bootstrap} "
+            f"(pid {record.pid}{secured}{java}, log {record.log_file})"
+        )
 
     def launch(
         self,
@@ -321,8 +300,13 @@ class LocalBroker:
         ``cluster_id`` formats a new data directory for that KRaft cluster (default: a new id);
         ``controller_port`` replaces a free one (:class:`~rlpulse.local.cluster.LocalCluster`).
         """
-        say = progress or (lambda _msg: None)
-        running = self.info()
+        start = functools.partial(
+            self._start, cluster_id=cluster_id, controller_port=controller_port
+        )
+        return self._reuse_or_start(progress or (lambda _msg: None), start)
+
+    def _check_start(self, running: BrokerRecord | None) -> None:
+        """Refuse a running broker or a state directory of the other mode (secure or not)."""
         if running is not None and running.secure != self.secure:
             raise BrokerError(
                 f"the broker running in {self.state_dir} was started "
@@ -330,15 +314,11 @@ class LocalBroker:
                 "`rlpulse broker down` or use another --state-dir"
             )
         self._check_mode()
-        if running is not None and self._metadata_ok(running.bootstrap, timeout_s=10.0):
-            say(f"Reusing Kafka at {running.bootstrap} (pid {running.pid})")
-            return running
-        if running is not None:
-            raise BrokerError(
-                f"a broker process (pid {running.pid}) is recorded in {self.state_dir} but does "
-                f"not answer at {running.bootstrap}; run `rlpulse broker down` first.\n"
-                + tail(Path(running.log_file))
-            )
+
+    def _start(
+        self, say: Progress, cluster_id: str | None = None, controller_port: int | None = None
+    ) -> tuple[subprocess.Popen[bytes], BrokerRecord]:
+        """Format, configure and launch a new broker, and record it."""
         self._check_reach()
         java = find_java("the local Kafka broker", BrokerError, say)
         port = self.port or free_port()
@@ -347,12 +327,7 @@ class LocalBroker:
         internal_port = free_port(avoid=(port, controller_port))
         taken = [(port, self.host), (controller_port, LOCAL_HOST)]
         taken += [(internal_port, LOCAL_HOST)] if self.secure else []
-        for candidate, host in taken:
-            if port_in_use(candidate, host):
-                raise BrokerError(
-                    f"port {candidate} on {host} is already in use; stop what listens there "
-                    "or choose another with --port."
-                )
+        self._refuse_taken((candidate, host, "--port") for candidate, host in taken)
         jars = KafkaJars(self.cache_dir, self.settings.jars)
         libs = jars.resolve(say)
         tls = self._ensure_tls(say) if self.secure else None
@@ -365,7 +340,7 @@ class LocalBroker:
             f"Starting Apache Kafka {jars.kafka_version} on {bootstrap}{secured}{listens} "
             f"with {java.describe()}"
         )
-        process = self._launch(java.path, libs, config)
+        process = self._spawn(self._java_command(java.path, libs, BROKER_MAIN_CLASS, str(config)))
         info = BrokerRecord(
             pid=process.pid,
             port=port,
@@ -380,16 +355,6 @@ class LocalBroker:
         )
         info.write(self.state_dir)
         return process, info
-
-    def down(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
-        """Stop the recorded broker: SIGTERM, then SIGKILL after ``timeout_s``. True if one ran."""
-        info = self.info()
-        if info is None:
-            self.state_file.unlink(missing_ok=True)
-            return False
-        stop_pid(info.pid, timeout_s)
-        self.state_file.unlink(missing_ok=True)
-        return True
 
     def _check_reach(self) -> None:
         """Refuse a plaintext broker that listens beyond loopback (see the module docstring)."""
@@ -466,20 +431,15 @@ class LocalBroker:
         return config
 
     def _java_command(self, java: str, libs: Path, main: str, *args: str) -> list[str]:
-        return [
-            java,
+        """The command line that runs Kafka's ``main`` (the broker, or its StorageTool)."""
+        options = [
             f"-Xmx{self.heap}",
             "-Xms256m",
             "-XX:+UseG1GC",
             *self.jvm_options,
-            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={_kafka_files() / 'log4j2.properties'}",
-            f"-Drlpulse.log.file={self.log_file}",
-            "-cp",
-            f"{libs}/*",
-            main,
-            *args,
         ]
+        return self.java_command(java, main, *args, classpath=[f"{libs}/*"], options=options)
 
     def _format_storage(
         self, java: str, libs: Path, config: Path, say: Progress, cluster_id: str
@@ -506,41 +466,6 @@ class LocalBroker:
         if not self.admin_password_file.exists():
             write_private(self.admin_password_file, secrets.token_urlsafe(24).encode() + b"\n")
         return self.admin_password_file.read_text().strip()
-
-    def _launch(self, java: str, libs: Path, config: Path) -> subprocess.Popen[bytes]:
-        console = self.console_file.open("ab")
-        try:
-            return subprocess.Popen(
-                self._java_command(java, libs, BROKER_MAIN_CLASS, str(config)),
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        finally:
-            console.close()
-
-    def wait_ready(self, process: subprocess.Popen[bytes], info: BrokerRecord) -> None:
-        """Block until the launched broker answers a metadata request; BrokerError if it exits."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                self.state_file.unlink(missing_ok=True)
-                raise BrokerError(
-                    f"Kafka exited with code {process.returncode} during start-up; "
-                    f"last lines of {self.log_file}:\n{self._last_lines()}"
-                )
-            if self._metadata_ok(info.bootstrap, timeout_s=2.0):
-                return
-            time.sleep(0.3)
-        self.down(timeout_s=5.0)
-        raise BrokerError(
-            f"Kafka did not answer a metadata request within {START_TIMEOUT_S:.0f} s; "
-            f"last lines of {self.log_file}:\n{self._last_lines()}"
-        )
-
-    def _last_lines(self) -> str:
-        return tail(self.log_file) or tail(self.console_file)
 
     def _metadata_ok(self, bootstrap: str, timeout_s: float, secure: bool | None = None) -> bool:
         from confluent_kafka import KafkaException

@@ -6,12 +6,13 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-__all__ = ["ChildProcess", "free_port", "setting_variables"]
+__all__ = ["ChildProcess", "free_port", "rlpulse_command", "setting_variables"]
 
 
 def free_port(avoid: Collection[int] = ()) -> int:
@@ -26,6 +27,15 @@ def free_port(avoid: Collection[int] = ()) -> int:
         if port not in avoid:
             return port
     raise OSError(f"no free port on 127.0.0.1 besides {sorted(avoid)}")
+
+
+def rlpulse_command(*args: str) -> list[str]:
+    """``python -P -m rlpulse *args`` with this interpreter.
+
+    ``-P`` leaves the working directory off ``sys.path``: a ``./rlpulse`` there (the user's
+    clone) is not the package.
+    """
+    return [sys.executable, "-P", "-m", "rlpulse", *args]
 
 
 def setting_variables(settings: Mapping[str, object]) -> dict[str, str]:

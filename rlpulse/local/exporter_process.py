@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -12,7 +11,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.local.broker import tail
-from rlpulse.local.child_process import ChildProcess
+from rlpulse.local.child_process import ChildProcess, rlpulse_command
 from rlpulse.local.exceptions import ExporterProcessError
 
 __all__ = ["ExporterProcess"]
@@ -44,11 +43,7 @@ class ExporterProcess(ChildProcess):
 
     def command(self) -> list[str]:
         """The command line of the child."""
-        return [
-            sys.executable,
-            "-P",  # not the working directory: a ./rlpulse there is not the package
-            "-m",
-            "rlpulse",
+        return rlpulse_command(
             "exporter",
             "--bootstrap",
             self.bootstrap,
@@ -61,7 +56,7 @@ class ExporterProcess(ChildProcess):
             "--namespace",
             self.namespace,
             *self.extra_args,
-        ]
+        )
 
     def scrape(self, timeout_s: float = 10.0) -> str:
         """The exposition text of /metrics (raises ``OSError`` if it does not answer)."""

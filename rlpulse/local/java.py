@@ -7,9 +7,9 @@ Python needs no root and no system package to run the broker.
 
 The Kafka broker (:mod:`rlpulse.local.broker`) runs from pinned jars fetched without Maven
 (:mod:`rlpulse.local.pinned_jars`). The OpenSearch node (:mod:`rlpulse.local.opensearch`)
-and S3Proxy (:mod:`rlpulse.local.s3proxy`) run from the jars of one packaged ``pom.xml``,
-which Maven resolves once into a cache directory named after the pom's digest (a changed
-pom gets a new directory). Nothing is built from the poms.
+and the tests' S3Proxy run from the jars of one ``pom.xml``, which Maven resolves once into
+a cache directory named after the pom's digest (a changed pom gets a new directory). Nothing
+is built from the poms. Their start, wait and stop are :mod:`rlpulse.local.java_service`'s.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ node recorded here, else ``http://127.0.0.1:<search.port>``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -26,7 +25,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -34,15 +33,8 @@ from typing import Any, Final
 
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import SearchError
-from rlpulse.local.java import (
-    MavenJars,
-    Progress,
-    find_java,
-    port_in_use,
-    require_tools,
-    stop_pid,
-    tail,
-)
+from rlpulse.local.java import MavenJars, Progress, find_java, require_tools
+from rlpulse.local.java_service import STATE_FILE, LocalJavaService, configured_or_local
 from rlpulse.settings import Settings
 from rlpulse.transport.bootstrap import LOCAL_HOST, recorded_process_alive
 
@@ -55,8 +47,6 @@ __all__ = [
     "search_url",
 ]
 
-STATE_FILE: Final = "state.json"
-STOP_TIMEOUT_S: Final = 30.0
 LAUNCHER_CLASS: Final = "RlpulseNode"
 CLUSTER_NAME: Final = "rlpulse-search"
 READY_STATUSES: Final = frozenset({"green", "yellow"})
@@ -131,21 +121,13 @@ def search_url(settings: Settings) -> str:
     return f"http://{LOCAL_HOST}:{settings.search.port or 9200}"
 
 
-@contextlib.contextmanager
-def local_search_or_url(settings: Settings, state_dir: Path) -> Iterator[str]:
+def local_search_or_url(settings: Settings, state_dir: Path) -> AbstractContextManager[str]:
     """``settings.opensearch_url`` if set, else a new node in ``state_dir`` (free ports).
 
     The node is stopped on exit. What the test suite's session fixture uses.
     """
-    if settings.opensearch_url:
-        yield settings.opensearch_url
-        return
     node = LocalSearch(settings, state_dir=state_dir, port=0, transport_port=0)
-    record = node.up()
-    try:
-        yield record.url
-    finally:
-        node.down()
+    return configured_or_local(settings.opensearch_url, node)
 
 
 class OpenSearchJars(MavenJars):
@@ -197,12 +179,19 @@ class _Launcher:
         return self.directory
 
 
-class LocalSearch:
+class LocalSearch(LocalJavaService[SearchRecord]):
     """One local OpenSearch node whose files live in ``state_dir`` (default ``<home>/search``).
 
     ``port`` and ``transport_port`` default to the ``search`` settings (9200 and 9300); 0
     picks a free port (what tests use).
     """
+
+    product = "OpenSearch"
+    process_noun = "an OpenSearch process"
+    record_noun = "node"
+    down_command = "rlpulse search down"
+    error = SearchError
+    log_name = "node.log"
 
     def __init__(
         self,
@@ -211,34 +200,28 @@ class LocalSearch:
         port: int | None = None,
         transport_port: int | None = None,
     ) -> None:
-        self.settings = settings
+        super().__init__(
+            state_dir if state_dir is not None else settings.home / "search",
+            settings.search.startup_timeout_s,
+        )
         self.cache_dir = settings.home
-        self.state_dir = state_dir if state_dir is not None else settings.home / "search"
         self.port = settings.search.port if port is None else port
         self.transport_port = (
             settings.search.transport_port if transport_port is None else transport_port
         )
         self.heap = settings.search.heap
-        self.startup_timeout_s = settings.search.startup_timeout_s
-
-    @property
-    def state_file(self) -> Path:
-        """JSON record of the running node."""
-        return self.state_dir / STATE_FILE
-
-    @property
-    def log_file(self) -> Path:
-        """The node's own log (log4j)."""
-        return self.state_dir / "logs" / "node.log"
-
-    @property
-    def console_file(self) -> Path:
-        """The JVM's stdout and stderr."""
-        return self.state_dir / "logs" / "console.log"
 
     def info(self) -> SearchRecord | None:
         """The recorded node if its process is alive, else None."""
         return SearchRecord.read(self.state_dir)
+
+    def address(self, record: SearchRecord) -> str:
+        """The recorded node's REST API."""
+        return record.url
+
+    def answers(self, record: SearchRecord, timeout_s: float) -> bool:
+        """Whether the recorded node's cluster is green or yellow, said within ``timeout_s``."""
+        return self.health(record.url, timeout_s) in READY_STATUSES
 
     def health(self, url: str, timeout_s: float = 5.0) -> str | None:
         """The cluster's status at ``url`` (green, yellow, red), or None when nothing answers."""
@@ -250,33 +233,17 @@ class LocalSearch:
             return None
         return str(body.get("status"))
 
-    def status(self) -> str:
-        """One sentence saying whether the node is up and where."""
-        info = self.info()
-        if info is not None:
-            health = self.health(info.url)
-            state = "not answering" if health is None else f"up (cluster {health})"
-            return (
-                f"OpenSearch {info.version} is {state} at {info.url} "
-                f"(pid {info.pid}, heap {info.heap}, log {info.log_file})"
-            )
-        if self.state_file.exists():
-            return f"OpenSearch is down (stale state in {self.state_dir}: its process is gone)"
-        return f"OpenSearch is down (no node recorded in {self.state_dir})"
+    def describe(self, record: SearchRecord) -> str:
+        """Where the running node is, and its cluster's health."""
+        health = self.health(record.url)
+        state = "not answering" if health is None else f"up (cluster {health})"
+        return (
+            f"OpenSearch {record.version} is {state} at {record.url} "
+            f"(pid {record.pid}, heap {record.heap}, log {record.log_file})"
+        )
 
-    def up(self, progress: Progress | None = None) -> SearchRecord:
-        """Start the node, or return the running one; raise :class:`SearchError` with the reason."""
-        say = progress or (lambda _message: None)
-        running = self.info()
-        if running is not None:
-            if self.health(running.url, timeout_s=10.0) in READY_STATUSES:
-                say(f"Reusing OpenSearch at {running.url} (pid {running.pid})")
-                return running
-            raise SearchError(
-                f"an OpenSearch process (pid {running.pid}) is recorded in {self.state_dir} but "
-                f"its REST API at {running.url} does not answer; run `rlpulse search down` "
-                "first.\n" + tail(Path(running.log_file))
-            )
+    def _start(self, say: Progress) -> tuple[subprocess.Popen[bytes], SearchRecord]:
+        """Resolve the jars, compile the launcher, configure and launch a node, and record it."""
         jars = OpenSearchJars(self.cache_dir)
         launcher = _Launcher(self.cache_dir, jars)
         needed = [] if launcher.ready() else ["javac"]
@@ -285,44 +252,49 @@ class LocalSearch:
         java = find_java("the local OpenSearch node", SearchError, say)
         http_port = self.port or free_port()
         transport_port = self.transport_port or free_port()
-        for port, flag in ((http_port, "--port"), (transport_port, "--transport-port")):
-            if port_in_use(port):
-                raise SearchError(
-                    f"port {port} on 127.0.0.1 is already in use; stop what listens there or "
-                    f"choose another with {flag}."
-                )
+        self._refuse_taken(
+            ((http_port, LOCAL_HOST, "--port"), (transport_port, LOCAL_HOST, "--transport-port"))
+        )
         libs = jars.resolve(say)
         classes = launcher.compile(tools.get("javac"), libs, say)
         home = self._write_config(http_port, transport_port)
         url = f"http://{LOCAL_HOST}:{http_port}"
         say(f"Starting OpenSearch {jars.version} on {url} (heap {self.heap})")
-        started = time.monotonic()
-        process = self._launch(java.path, libs, classes, home)
+        options = [
+            f"-Xms{self.heap}",
+            f"-Xmx{self.heap}",
+            "-XX:+UseG1GC",
+            "-Dfile.encoding=UTF-8",
+            "-Dlog4j2.shutdownHookEnabled=false",  # the node logs until it has closed
+            f"-Dlog4j2.configurationFile={_search_files() / 'log4j2.properties'}",
+        ]
+        command = self.java_command(
+            java.path,
+            LAUNCHER_CLASS,
+            str(home),
+            classpath=[f"{libs}/*", str(classes)],
+            options=options,
+        )
+        process = self._spawn(command)
         info = SearchRecord(
             pid=process.pid,
+            log_file=str(self.log_file),
+            started_ns=time.time_ns(),
             url=url,
             http_port=http_port,
             transport_port=transport_port,
             version=jars.version,
             heap=self.heap,
-            log_file=str(self.log_file),
-            started_ns=time.time_ns(),
         )
         info.write(self.state_dir)
-        self._wait_ready(process, info, say)
-        self._no_replicas(info.url)
-        say(f"OpenSearch is up at {url} after {time.monotonic() - started:.1f} s")
-        return info
+        return process, info
 
-    def down(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
-        """Stop the recorded node: SIGTERM, then SIGKILL after ``timeout_s``. True if one ran."""
-        info = self.info()
-        if info is None:
-            self.state_file.unlink(missing_ok=True)
-            return False
-        stop_pid(info.pid, timeout_s)
-        self.state_file.unlink(missing_ok=True)
-        return True
+    def _ready(self, record: SearchRecord) -> None:
+        """New indices get no replica (one node has nowhere to put one): green, not yellow."""
+        body = {"persistent": {"cluster.default_number_of_replicas": 0}}
+        status, answer = request_json("PUT", f"{record.url}/_cluster/settings", body)
+        if status != 200:
+            raise SearchError(f"OpenSearch refused a cluster setting at {record.url}: {answer}")
 
     def _write_config(self, http_port: int, transport_port: int) -> Path:
         """``<state>/config/opensearch.yml``, rewritten at each start; the node's home."""
@@ -346,64 +318,3 @@ class LocalSearch:
         )
         (home / "config" / "opensearch.yml").write_text(text)
         return home
-
-    def _launch(self, java: str, libs: Path, classes: Path, home: Path) -> subprocess.Popen[bytes]:
-        command = [
-            java,
-            f"-Xms{self.heap}",
-            f"-Xmx{self.heap}",
-            "-XX:+UseG1GC",
-            "-Djava.awt.headless=true",
-            "-Dfile.encoding=UTF-8",
-            "-Dlog4j2.shutdownHookEnabled=false",  # the node logs until it has closed
-            f"-Dlog4j2.configurationFile={_search_files() / 'log4j2.properties'}",
-            f"-Drlpulse.log.file={self.log_file}",
-            "-cp",
-            f"{libs}/*{os.pathsep}{classes}",
-            LAUNCHER_CLASS,
-            str(home),
-        ]
-        with self.console_file.open("ab") as console:
-            return subprocess.Popen(
-                command,
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-    def _wait_ready(
-        self, process: subprocess.Popen[bytes], info: SearchRecord, say: Progress
-    ) -> None:
-        """Block until the REST API reports green or yellow; SearchError if the node exits."""
-        started = time.monotonic()
-        deadline = started + self.startup_timeout_s
-        next_note = started + 15.0
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                self.state_file.unlink(missing_ok=True)
-                raise SearchError(
-                    f"OpenSearch exited with code {process.returncode} during start-up; last "
-                    f"lines of {self.log_file}:\n{self._last_lines()}"
-                )
-            if self.health(info.url, timeout_s=2.0) in READY_STATUSES:
-                return
-            if time.monotonic() >= next_note:
-                say(f"Still waiting for OpenSearch's REST API ({time.monotonic() - started:.0f} s)")
-                next_note += 15.0
-            time.sleep(0.25)
-        self.down(timeout_s=5.0)
-        raise SearchError(
-            f"OpenSearch did not answer at {info.url} within {self.startup_timeout_s:.0f} s; "
-            f"last lines of {self.log_file}:\n{self._last_lines()}"
-        )
-
-    def _no_replicas(self, url: str) -> None:
-        """New indices get no replica (one node has nowhere to put one): green, not yellow."""
-        body = {"persistent": {"cluster.default_number_of_replicas": 0}}
-        status, answer = request_json("PUT", f"{url}/_cluster/settings", body)
-        if status != 200:
-            raise SearchError(f"OpenSearch refused a cluster setting at {url}: {answer}")
-
-    def _last_lines(self) -> str:
-        return tail(self.log_file) or tail(self.console_file)

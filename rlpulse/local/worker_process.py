@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from rlpulse.local.broker import tail
-from rlpulse.local.child_process import ChildProcess
+from rlpulse.local.child_process import ChildProcess, rlpulse_command
 from rlpulse.local.exceptions import WorkerProcessError
 from rlpulse.local.group_probe import group_stable, group_stable_in_child
 from rlpulse.settings import Settings, load_settings
@@ -51,11 +50,7 @@ class WorkerProcess(ChildProcess):
 
     def command(self) -> list[str]:
         """The command line of the child."""
-        return [
-            sys.executable,
-            "-P",  # not the working directory: a ./rlpulse there is not the package
-            "-m",
-            "rlpulse",
+        return rlpulse_command(
             "worker",
             "--bootstrap",
             self.bootstrap,
@@ -69,7 +64,7 @@ class WorkerProcess(ChildProcess):
             "--data-dir",
             str(self.data_dir),
             *self.extra_args,
-        ]
+        )
 
     def wait_consuming(self, timeout_s: float = 60.0) -> None:
         """Block until the worker's consumer group is stable with this worker in it.

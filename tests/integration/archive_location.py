@@ -20,9 +20,9 @@ from rlpulse.archive.catalog import open_archive, query_archive
 from rlpulse.archive.layout import TEMP_PREFIX, FileName
 from rlpulse.archive.store import ArchiveStore, s3_filesystem
 from rlpulse.local.child_process import setting_variables
-from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ArchiveSettings
+from tests.support.s3proxy import S3Proxy
 
 KINDS = ("local", "s3")
 BUCKET = "rlpulse-tests"

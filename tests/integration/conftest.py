@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from rlpulse.local.broker import KafkaJars
-from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.settings import Settings
 from tests.integration.archive_location import KINDS, ArchiveLocation
+from tests.support.s3proxy import S3Proxy
 
 
 @pytest.fixture

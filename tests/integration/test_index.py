@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 
 from rlpulse.local.child_process import free_port
-from rlpulse.local.indexer_process import IndexerProcess
 from rlpulse.local.opensearch import request_json
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import EventLogger
@@ -41,6 +40,7 @@ from tests.integration.log_run import (
     start_ranks,
 )
 from tests.kafka import read_all, settings_at
+from tests.support.indexer_process import IndexerProcess
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

@@ -27,7 +27,6 @@ import pytest
 
 from rlpulse.archive.catalog import run_sql
 from rlpulse.local.archiver_process import ArchiverProcess
-from rlpulse.local.s3proxy import S3Proxy
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import ControlClient, Settings
 from rlpulse.producers.caller.sampling import keeps_trace
@@ -46,6 +45,7 @@ from tests.integration.log_run import (
     reward,
     start_ranks,
 )
+from tests.support.s3proxy import S3Proxy
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker

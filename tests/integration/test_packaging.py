@@ -53,8 +53,6 @@ def test_wheel_contains_subpackages_and_data(tmp_path: Path) -> None:
         "rlpulse/local/opensearch/pom.xml",
         "rlpulse/local/opensearch/RlpulseNode.java",
         "rlpulse/local/opensearch/log4j2.properties",
-        "rlpulse/local/s3proxy/pom.xml",
-        "rlpulse/local/s3proxy/logback.xml",
         "rlpulse/py.typed",
     ):
         assert required in names, required

@@ -1,12 +1,14 @@
 """A real S3-compatible server on 127.0.0.1: S3Proxy with its filesystem backend.
 
-What the tests and benchmarks run the archive against (``s3://bucket/prefix`` roots). The
-jars come from Maven Central (``s3proxy/pom.xml``, resolved once into
+What the tests run the archive against (``s3://bucket/prefix`` roots). The jars come from
+Maven Central (``s3proxy.pom.xml`` beside this module, resolved once into
 ``<home>/s3proxy-jars``); objects live as files under ``<state>/data/<bucket>/<key>``. Each
 start makes a new secret key; :meth:`S3Proxy.archive_settings` and
 :meth:`S3Proxy.environment` hand the endpoint and the credentials to the archive's settings,
 in code or for a child process. Buckets are made through the S3 API by the caller
-(``rlpulse.archive.store.s3_filesystem(..., allow_bucket_creation=True)``).
+(``rlpulse.archive.store.s3_filesystem(..., allow_bucket_creation=True)``). Its start, wait
+and stop are the local Java services' (:mod:`rlpulse.local.java_service`); the running
+server is this object's, not recorded on disk.
 
 S3Proxy 2.6.0 refuses the flexible checksums that current AWS SDKs send by default
 (gaul/s3proxy#795); :class:`~rlpulse.archive.store.ArchiveStore` asks for checksums
@@ -17,10 +19,9 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from importlib import resources
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -29,30 +30,29 @@ from pydantic import SecretStr
 
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import S3ProxyError
-from rlpulse.local.java import MavenJars, Progress, find_java, port_in_use, stop_pid, tail
+from rlpulse.local.java import MavenJars, Progress, find_java
+from rlpulse.local.java_service import LocalJavaService
 from rlpulse.local.private_files import write_private
 from rlpulse.settings import ArchiveSettings
 from rlpulse.transport.bootstrap import LOCAL_HOST
 
-__all__ = ["S3Proxy", "S3ProxyJars"]
+__all__ = ["S3Proxy", "S3ProxyJars", "S3ProxyRecord"]
 
 START_TIMEOUT_S: Final = 60.0
-STOP_TIMEOUT_S: Final = 15.0
 ACCESS_KEY_ID: Final = "rlpulse"
+MAIN_CLASS: Final = "org.gaul.s3proxy.Main"
+POM: Final = Path(__file__).with_name("s3proxy.pom.xml")
+LOGBACK_CONFIG: Final = Path(__file__).with_name("s3proxy-logback.xml")
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _s3proxy_files() -> Path:
-    return Path(str(resources.files("rlpulse.local").joinpath("s3proxy")))
-
-
 class S3ProxyJars(MavenJars):
-    """S3Proxy's jars for one version of ``s3proxy/pom.xml``, resolved by Maven into a cache."""
+    """S3Proxy's jars for one version of ``s3proxy.pom.xml``, resolved by Maven into a cache."""
 
     def __init__(self, cache_dir: Path) -> None:
         super().__init__(
             cache_dir,
-            _s3proxy_files() / "pom.xml",
+            POM,
             cache_name="s3proxy-jars",
             product="S3Proxy",
             version_property="s3proxy.version",
@@ -60,23 +60,41 @@ class S3ProxyJars(MavenJars):
         )
 
 
-class S3Proxy:
-    """One S3Proxy process with its state (objects, properties, log) in ``state_dir``.
+@dataclass(frozen=True)
+class S3ProxyRecord:
+    """The running server: its process, endpoint, version and log."""
+
+    pid: int
+    endpoint: str
+    version: str
+    log_file: str
+
+
+class S3Proxy(LocalJavaService[S3ProxyRecord]):
+    """One S3Proxy process with its state (objects, properties, logs) in ``state_dir``.
 
     ``port`` 0 picks a free port. Use it as a context manager, or call :meth:`start` and
     :meth:`stop`.
     """
 
+    product = "S3Proxy"
+    process_noun = "an S3Proxy process"
+    record_noun = "server"
+    down_command = "S3Proxy.stop()"
+    log_name = "s3proxy.log"
+    error = S3ProxyError
+    stop_timeout_s = 15.0
+
     def __init__(self, cache_dir: Path, state_dir: Path, port: int = 0, heap: str = "256m") -> None:
+        super().__init__(state_dir, START_TIMEOUT_S)
         self.cache_dir = cache_dir
-        self.state_dir = state_dir
         self.port = port
         self.heap = heap
         self.access_key_id = ACCESS_KEY_ID
         self.secret_access_key = ""
         """Made new at each :meth:`start`."""
         self.process: subprocess.Popen[bytes] | None = None
-        self.version = ""
+        self.record: S3ProxyRecord | None = None
 
     @property
     def endpoint(self) -> str:
@@ -89,60 +107,73 @@ class S3Proxy:
         return self.state_dir / "data"
 
     @property
-    def log_file(self) -> Path:
-        """S3Proxy's log (logback)."""
-        return self.state_dir / "s3proxy.log"
+    def version(self) -> str:
+        """The running S3Proxy's version ('' before :meth:`start`)."""
+        return "" if self.record is None else self.record.version
 
-    @property
-    def console_file(self) -> Path:
-        """The JVM's stdout and stderr."""
-        return self.state_dir / "console.log"
+    def info(self) -> S3ProxyRecord | None:
+        """The server this object started, while its process runs."""
+        return self.record if self.alive() else None
 
-    def start(self, progress: Progress | None = None) -> Self:
-        """Start S3Proxy and wait until it answers HTTP; :class:`S3ProxyError` if it cannot."""
-        say = progress or (lambda _message: None)
-        if self.process is not None and self.process.poll() is None:
-            return self
+    def address(self, record: S3ProxyRecord) -> str:
+        """The server's endpoint."""
+        return record.endpoint
+
+    def answers(self, record: S3ProxyRecord, timeout_s: float) -> bool:
+        """Whether an HTTP server answers at the endpoint (an anonymous request gets 403)."""
+        try:
+            with _NO_PROXY.open(record.endpoint + "/", timeout=timeout_s):
+                return True
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+
+    def describe(self, record: S3ProxyRecord) -> str:
+        """Where the running server is."""
+        return f"S3Proxy {record.version} is up at {record.endpoint} (pid {record.pid})"
+
+    def _start(self, say: Progress) -> tuple[subprocess.Popen[bytes], S3ProxyRecord]:
+        """Resolve the jars, write the properties with a new secret key, and launch S3Proxy."""
         java = find_java("S3Proxy", S3ProxyError, say).path
-        if self.port and port_in_use(self.port):
-            raise S3ProxyError(f"port {self.port} on 127.0.0.1 is already in use.")
+        if self.port:
+            self._refuse_taken([(self.port, LOCAL_HOST, "the port argument")])
         self.port = self.port or free_port()
         jars = S3ProxyJars(self.cache_dir)
         libs = jars.resolve(say)
-        self.version = jars.version
         self.secret_access_key = secrets.token_urlsafe(24)
         properties = self._write_properties()
         say(f"Starting S3Proxy {jars.version} on {self.endpoint}")
-        command = [
+        options = [f"-Xmx{self.heap}", f"-Dlogback.configurationFile={LOGBACK_CONFIG}"]
+        command = self.java_command(
             java,
-            f"-Xmx{self.heap}",
-            "-Djava.awt.headless=true",
-            f"-Dlogback.configurationFile={_s3proxy_files() / 'logback.xml'}",
-            f"-Drlpulse.log.file={self.log_file}",
-            "-cp",
-            f"{libs}/*",
-            "org.gaul.s3proxy.Main",
+            MAIN_CLASS,
             "--properties",
             str(properties),
-        ]
-        with self.console_file.open("ab") as console:
-            self.process = subprocess.Popen(
-                command,
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self._wait_ready(self.process)
+            classpath=[f"{libs}/*"],
+            options=options,
+        )
+        self.process = self._spawn(command)
+        self.record = S3ProxyRecord(
+            self.process.pid, self.endpoint, jars.version, str(self.log_file)
+        )
+        return self.process, self.record
+
+    def _forget(self) -> None:
+        """Let go of the process once it is gone."""
+        if self.process is not None:
+            self.process.wait()
+        self.process = None
+        self.record = None
+
+    def start(self, progress: Progress | None = None) -> Self:
+        """Start S3Proxy and wait until it answers HTTP; :class:`S3ProxyError` if it cannot."""
+        self.up(progress)
         return self
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s; the objects stay in :attr:`data_dir`."""
-        if self.process is None:
-            return
-        stop_pid(self.process.pid, STOP_TIMEOUT_S)
-        self.process.wait()
-        self.process = None
+        self.down()
 
     def alive(self) -> bool:
         """Whether the server process is running."""
@@ -166,6 +197,7 @@ class S3Proxy:
         }
 
     def _write_properties(self) -> Path:
+        """``<state>/s3proxy.properties`` (0600: it holds the secret key)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         lines = {
             "s3proxy.endpoint": self.endpoint,
@@ -179,34 +211,6 @@ class S3Proxy:
         path = self.state_dir / "s3proxy.properties"
         write_private(path, "".join(f"{k}={v}\n" for k, v in lines.items()).encode())
         return path
-
-    def _wait_ready(self, process: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                self.process = None
-                raise S3ProxyError(
-                    f"S3Proxy exited with code {process.returncode} during start-up; last lines "
-                    f"of {self.log_file}:\n{tail(self.log_file) or tail(self.console_file)}"
-                )
-            if self._answers():
-                return
-            time.sleep(0.1)
-        self.stop()
-        raise S3ProxyError(
-            f"S3Proxy did not answer at {self.endpoint} within {START_TIMEOUT_S:.0f} s; last "
-            f"lines of {self.log_file}:\n{tail(self.log_file) or tail(self.console_file)}"
-        )
-
-    def _answers(self) -> bool:
-        """Whether an HTTP server answers at the endpoint (an anonymous request gets 403)."""
-        try:
-            with _NO_PROXY.open(self.endpoint + "/", timeout=2.0):
-                return True
-        except urllib.error.HTTPError:
-            return True
-        except OSError:
-            return False
 
     def __enter__(self) -> Self:
         return self.start()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlpulse.local.child_process import ChildProcess, setting_variables
+from rlpulse.local.child_process import ChildProcess, rlpulse_command, setting_variables
 
 __all__ = ["IndexerProcess"]
 
@@ -33,7 +32,6 @@ class IndexerProcess(ChildProcess):
 
     def command(self) -> list[str]:
         """The command line of the child."""
-        return [
-            sys.executable, "-P", "-m", "rlpulse", "index",
-            "--bootstrap", self.bootstrap, "--prefix", self.prefix, "--url", self.url,
-        ]  # fmt: skip
+        return rlpulse_command(
+            "index", "--bootstrap", self.bootstrap, "--prefix", self.prefix, "--url", self.url
+        )
