@@ -22,6 +22,7 @@ from rlpulse.cli.common import (
     ConfigFile,
     Prefix,
     default_note,
+    fail,
     one_line_errors,
     settings,
 )
@@ -48,6 +49,32 @@ _JOINER_DEFAULTS: Final = JoinerSettings()
 @rules_app.callback()
 def rules() -> None:
     """Check, backtest and publish rules files."""  # a callback makes this a group
+
+
+@rules_app.command("schema")
+def schema(
+    output: Annotated[
+        Path | None,
+        typer.Option(help="Write it to this file (else print it)", dir_okay=False),
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Only say whether OUTPUT differs from it (exit 1).")
+    ] = False,
+) -> None:
+    """The JSON Schema of rules files, for editors that complete and explain their keys."""
+    from rlpulse.rules import schema as rules_schema
+
+    if check:
+        if output is None:
+            raise fail("--check needs --output: the file to compare")
+        if rules_schema.is_stale(output):
+            raise fail(f"{output} is stale; run `rlpulse rules schema --output {output}`")
+        return
+    if output is None:
+        typer.echo(rules_schema.schema_text(), nl=False)
+        return
+    output.write_text(rules_schema.schema_text(), encoding="utf-8")
+    typer.echo(f"wrote {output}")
 
 
 @rules_app.command("check")

@@ -2,10 +2,9 @@
 
 Editors that speak JSON Schema (VS Code's YAML extension, JetBrains IDEs) complete keys and
 show each field's description from it. The schema is committed as ``rules.schema.json``
-next to this module; after a change to the models, refresh it with::
-
-    python -m rlpulse.rules.schema          # rewrite rules.schema.json
-    python -m rlpulse.rules.schema --check  # exit 1 if it is stale
+next to this module; after a change to the models, refresh it with ``rlpulse rules schema
+--output rlpulse/rules/rules.schema.json`` (without ``--output`` it prints the schema, for an
+editor set up outside this repository; ``--check`` exits 1 if the file is stale).
 
 The schema checks the shape of a file; the loader checks more (duplicate ids, ``a <= b`` in
 ``outside [a, b]``, ``stop`` last) and is the authority.
@@ -13,11 +12,8 @@ The schema checks the shape of a file; the loader checks more (duplicate ids, ``
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,7 +27,7 @@ SCHEMA_PATH: Final = Path(__file__).with_name("rules.schema.json")
 
 DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 TITLE: Final = "rlpulse rules file"
-REFRESH_COMMAND: Final = "python -m rlpulse.rules.schema"
+REFRESH_COMMAND: Final = "rlpulse rules schema --output rlpulse/rules/rules.schema.json"
 
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :attr:`type` -> `type`
 
@@ -84,25 +80,3 @@ def is_stale(path: Path = SCHEMA_PATH) -> bool:
         return path.read_text(encoding="utf-8") != schema_text()
     except FileNotFoundError:
         return True
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Rewrite the schema file, or with ``--check`` only say whether it is stale."""
-    parser = argparse.ArgumentParser(
-        prog=REFRESH_COMMAND, description="Generate rules.schema.json from the rule models."
-    )
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
-    parser.add_argument("--output", type=Path, default=SCHEMA_PATH, help="default: %(default)s")
-    args = parser.parse_args(argv)
-    if args.check:
-        if is_stale(args.output):
-            print(f"{args.output} is stale; run `{REFRESH_COMMAND}`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(schema_text(), encoding="utf-8")
-    print(f"wrote {args.output}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

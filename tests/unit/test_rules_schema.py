@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from rlpulse.cli import app
 from rlpulse.rules import schema
 from rlpulse.rules.loader import list_presets
 from tests.unit.test_rules_loader import EXPECTED_PROBLEMS, FIXTURES
@@ -88,13 +90,15 @@ def test_when_pattern_agrees_with_the_parser() -> None:
         assert not conforms(bad), bad
 
 
-def test_check_mode_reports_a_stale_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_command_writes_checks_and_prints_the_schema(tmp_path: Path) -> None:
     stale = tmp_path / "rules.schema.json"
     stale.write_text("{}\n", encoding="utf-8")
-    assert schema.main(["--check", "--output", str(stale)]) == 1
-    assert f"run `{schema.REFRESH_COMMAND}`" in capsys.readouterr().err
-    assert schema.main(["--output", str(stale)]) == 0
-    assert schema.main(["--check", "--output", str(stale)]) == 0
+    runner = CliRunner()
+    checked = runner.invoke(app, ["rules", "schema", "--check", "--output", str(stale)])
+    assert checked.exit_code == 1
+    assert f"{stale} is stale; run `rlpulse rules schema --output {stale}`" in checked.output
+    assert runner.invoke(app, ["rules", "schema", "--output", str(stale)]).exit_code == 0
+    assert runner.invoke(app, ["rules", "schema", "--check", "--output", str(stale)]).exit_code == 0
     assert stale.read_text(encoding="utf-8") == schema.schema_text()
+    printed = runner.invoke(app, ["rules", "schema"])
+    assert printed.exit_code == 0 and json.loads(printed.output) == schema.rules_schema()
