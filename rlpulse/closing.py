@@ -12,7 +12,7 @@ class ClosedByWith:
     """A base for objects used as ``with obj:``: the block gives ``obj`` and ends in ``close()``.
 
     A subclass defines ``close()`` (its parameters all with defaults); one whose end depends
-    on how the block ended (an exception) overrides ``__exit__``.
+    on how the block ended (an exception) overrides :meth:`close_after`.
     """
 
     def close(self) -> object:
@@ -28,4 +28,8 @@ class ClosedByWith:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close_after(exc)
+
+    def close_after(self, exc: BaseException | None) -> None:
+        """Close at the end of a ``with`` block that ended with ``exc`` (None: normally)."""
         self.close()

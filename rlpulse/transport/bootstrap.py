@@ -68,7 +68,10 @@ class BrokerRecord:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (a zombie child of ours is reaped, and is not)."""
+    """Whether a process with this pid runs: a zombie (killed, not yet reaped) does not.
+
+    A zombie child of ours is reaped; another's is read from ``/proc`` where there is one.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -79,7 +82,11 @@ def pid_alive(pid: int) -> bool:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         if waited == pid:
             return False
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
 
 
 def recorded_process_alive(pid: int, marker: str) -> bool:

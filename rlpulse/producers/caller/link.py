@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 from rlpulse.closing import ClosedByWith
 from rlpulse.producers.caller.attempts import resume_attempt, write_attempt
@@ -297,12 +296,8 @@ class RunLink(ClosedByWith):
             self.control.close()
         return self.events.close(timeout_s)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close_after(self, exc: BaseException | None) -> None:
+        """Close at the end of a ``with`` block; a crash (``exc``) does not end the run."""
         self.close(end=_ends_the_run(exc))
 
 

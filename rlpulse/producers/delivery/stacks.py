@@ -43,6 +43,7 @@ from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.records import ControlCommand, LogBatch, LogEntry
 from rlpulse.schemas.signing import signature_problem
 from rlpulse.schemas.stacks import STACKS_LOGGER, parse_dump, render, request_path
+from rlpulse.transport.bootstrap import pid_alive
 
 __all__ = ["RankProcess", "StackTaker", "processes_of", "stack_records", "take_stacks"]
 
@@ -92,7 +93,7 @@ def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
     waiting: list[RankProcess] = []
     now = time.monotonic()
     for process in processes:
-        if not _alive(process.pid):
+        if not pid_alive(process.pid):
             process.outcome = "gone"
             continue
         if process.signum is None or process.path is None:
@@ -124,7 +125,7 @@ def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
                 if not _signal(process):
                     waiting.remove(process)
     for process in waiting:
-        if not _alive(process.pid):
+        if not pid_alive(process.pid):
             process.outcome = "gone"
 
 
@@ -364,21 +365,6 @@ class StackTaker(threading.Thread):
             ", ".join(f"{outcomes.count(o)} {o}" for o in sorted(set(outcomes))),
             time.monotonic() - started,
         )
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
 
 
 def _size(path: Path) -> int:
