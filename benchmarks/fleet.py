@@ -21,7 +21,9 @@ ten steps before the end, so kl-guard stops every run. Scenarios (``--scenarios`
 
 - ``a``: one run of ``--a-ranks`` (1,024) ranks as hosts of ``--a-host-ranks`` (8), and
   ``--capture-at-s`` (15) seconds into it an operator's ``capture_stacks``: how long until
-  the last rank's stacks are on the logs topic, and the agents' CPU for it;
+  the last rank's stacks are on the logs topic (``capture``) and in the archive's Parquet
+  files (``capture_archived``: an archiver runs beside the worker, writing at least every
+  2 s), the agents' CPU for it, and the stacks grouped as ``rlpulse show --stacks`` does;
 - ``b``: ``--b-runs`` (64) runs of ``--b-ranks`` (64) ranks on ``--b-hosts`` (64) hosts of 64
   ranks: each run spans 8 hosts, each host holds 8 runs' ranks, the runs' step phases
   staggered over the step as on a real cluster;
@@ -66,6 +68,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from figures import percentile, printer
 
+from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import LocalBroker
 from rlpulse.local.child_process import free_port
 from rlpulse.local.worker_process import WorkerProcess
@@ -510,6 +513,7 @@ def scenario(
     runs = sorted({run for host in layout for run, _rank in host})
     hosts: list[subprocess.Popen[bytes]] = []
     worker: WorkerProcess | None = None
+    archiver: ArchiverProcess | None = None
     out = work / f"{name}-out"
     out.mkdir(parents=True, exist_ok=True)
     spool = work / f"{name}-spool"
@@ -519,6 +523,11 @@ def scenario(
             partitions=args.partitions, grace_s=args.grace_s,
         ).start()  # fmt: skip
         worker.wait_consuming(timeout_s=180)
+        if name == "a" and args.capture_at_s > 0:  # the capture is timed to the archive too
+            archiver = ArchiverProcess(
+                bootstrap, prefix, work / f"{name}-archive", work / f"{name}-archiver.log",
+                {"archive.roll_s": ARCHIVE_ROLL_S},
+            ).start()  # fmt: skip
         plan = Plan(
             bootstrap, prefix, runs, ranks, layout, {run: free_port() for run in runs},
             args.steps, args.step_s, args.probe_every, stagger, str(out), str(spool),
@@ -562,7 +571,10 @@ def scenario(
         capture = None
         if name == "a" and args.capture_at_s > 0:
             settings = Settings(bootstrap=bootstrap, prefix=prefix)
-            capture = StackCapture(settings, runs[0], spool, start + args.capture_at_s)
+            capture = StackCapture(
+                settings, runs[0], spool, start + args.capture_at_s, work / f"{name}-archive",
+                ranks,
+            )  # fmt: skip
             capture.start()
         deadline = time.monotonic() + (plan.steps + KL_GUARD_LEAD) * plan.step_s + 600
         while any(h.poll() is None for h in hosts) and time.monotonic() < deadline:
@@ -592,6 +604,8 @@ def scenario(
             capture.join()
             capture.report(bootstrap, topics, ranks)
     finally:
+        if archiver is not None:
+            archiver.stop()
         for h in hosts:
             if h.poll() is None:
                 h.kill()
@@ -607,13 +621,19 @@ class StackCapture(threading.Thread):
 
     WAIT_S = 5.0
     SPAN_S = 12.0
+    ARCHIVE_TIMEOUT_S = 120.0
 
-    def __init__(self, settings: Settings, run_id: str, spool: Path, at: float) -> None:
+    def __init__(
+        self, settings: Settings, run_id: str, spool: Path, at: float, archive: Path, ranks: int
+    ) -> None:
         super().__init__(daemon=True)
         self.settings, self.run_id, self.spool, self.at = settings, run_id, spool, at
+        self.archive, self.ranks = archive, ranks
         self.command_id = ""
         self.issued_ns = 0
         self.cpu_before_s = self.cpu_during_s = 0.0
+        self.archived_s: float | None = None
+        self.archived_records = 0
 
     def _agents_cpu(self) -> float:
         total = 0.0
@@ -632,9 +652,53 @@ class StackCapture(threading.Thread):
         command = operator_command(self.run_id, [action("capture_stacks", wait_s=self.WAIT_S)])
         self.command_id, self.issued_ns = command["command_id"], command["issued_ns"]
         publish_command(self.settings, command)
-        time.sleep(self.SPAN_S)
         self.cpu_before_s = at_command - before
-        self.cpu_during_s = self._agents_cpu() - at_command
+        span_ends: float | None = time.monotonic() + self.SPAN_S
+        deadline = time.monotonic() + self.ARCHIVE_TIMEOUT_S
+        while True:  # the agents' CPU over the span; the archive every half second
+            if span_ends is not None and time.monotonic() >= span_ends:
+                self.cpu_during_s, span_ends = self._agents_cpu() - at_command, None
+            if self.archived_s is None:
+                self.archived_records = self._archived_records()
+                if self.archived_records >= self.ranks:
+                    self.archived_s = round((time.time_ns() - self.issued_ns) / 1e9, 1)
+            if span_ends is None and (self.archived_s is not None or time.monotonic() > deadline):
+                return
+            time.sleep(0.5)
+
+    def _archived_records(self) -> int:
+        """How many of this capture's records the archive's Parquet files hold now."""
+        from rlpulse.archive.catalog import open_archive
+        from rlpulse.offline.stacks import CAPTURE_QUERY, capture_parameters
+
+        try:
+            con = open_archive(str(self.archive), Topics(self.settings.prefix))
+            rows = con.execute(CAPTURE_QUERY, capture_parameters(self.run_id)).fetchall()
+            con.close()
+        except Exception:  # no file of the logs table yet
+            return 0
+        return sum(1 for row in rows if row[0] == self.command_id)
+
+    def grouped(self, topics: Topics) -> tuple[str, float]:
+        """The page's first group line for the capture, and the seconds reading and grouping
+        the archive's 1,024 dumps took (what ``rlpulse show RUN --stacks`` does)."""
+        from rlpulse.archive.catalog import open_archive
+        from rlpulse.offline.stacks import (
+            CAPTURE_QUERY,
+            capture_parameters,
+            describe_groups,
+            group_ranks,
+            newest_capture,
+        )
+
+        began = time.perf_counter()
+        con = open_archive(str(self.archive), topics)
+        cursor = con.execute(CAPTURE_QUERY, capture_parameters(self.run_id))
+        names = [column[0] for column in cursor.description]
+        capture = newest_capture([dict(zip(names, row, strict=True)) for row in cursor.fetchall()])
+        con.close()
+        lines = describe_groups(group_ranks(capture[1])) if capture is not None else []
+        return (lines[0] if lines else ""), round(time.perf_counter() - began, 2)
 
     def report(self, bootstrap: str, topics: Topics, ranks: int) -> None:
         """Print the capture's figures."""
@@ -656,7 +720,17 @@ class StackCapture(threading.Thread):
             agents_cpu_s_same_span_before=round(self.cpu_before_s, 2),
             span_s=self.SPAN_S, wait_s=self.WAIT_S,
         )  # fmt: skip
+        first_group, grouping_s = self.grouped(topics)
+        emit(
+            "capture_archived", scenario="a", ranks=ranks, archived_records=self.archived_records,
+            command_to_last_stack_archived_s=self.archived_s, archive_roll_s=ARCHIVE_ROLL_S,
+            first_group=first_group, read_and_group_s=grouping_s,
+        )  # fmt: skip
 
+
+ARCHIVE_ROLL_S = 2.0
+"""Scenario a's archiver writes a partition's buffer at least this often (default 300 s): the
+capture is timed until its last record is in a Parquet file."""
 
 AS_A_HOST = ("chrt", "--idle", "0")
 """Host processes run at the idle scheduling class: on a cluster the broker and the worker
