@@ -2,9 +2,10 @@
 
 ``list`` shows each producer's log under the spool root that this host wrote, per run:
 whether its process is alive and holds it, and what Kafka has not acknowledged
-(:func:`~rlpulse.producers.delivery.spool.list_spool`). ``send`` sends the dead ones, as ``rlpulse
-replay`` does (:func:`~rlpulse.producers.delivery.spool.send_spool`); a log a live process holds is
-never sent from here.
+(:func:`~rlpulse.producers.delivery.spool.list_spool`). ``send`` sends the dead ones
+(:func:`~rlpulse.producers.delivery.spool.send_spool`), or every log under a directory given
+(:func:`~rlpulse.producers.delivery.spool.send_logs`: logs copied off their host); a log
+another process sends is never sent from here.
 """
 
 from __future__ import annotations
@@ -22,23 +23,26 @@ from rlpulse.cli.common import (
     Bootstrap,
     ConfigFile,
     default_note,
+    err,
     fail,
     one_line_errors,
     out,
     setting_option,
     settings,
 )
-from rlpulse.cli.replay import print_report
 from rlpulse.producers.delivery.spool import (
     AgentSeen,
+    SendReport,
     SpoolListing,
     SpoolLog,
     host_name,
     list_spool,
+    send_logs,
     send_spool,
 )
 from rlpulse.producers.delivery.spool_root import resolve_spool_root
 from rlpulse.settings import Settings
+from rlpulse.transport.bootstrap import bootstrap_servers
 
 spool_app = typer.Typer(
     help="This host's write-ahead logs and the agents that send them; send the rest.",
@@ -61,6 +65,22 @@ SpoolDir = Annotated[
         "--spool-dir",
         shown=lambda chosen: resolve_spool_root(chosen).path,
     ),
+]
+
+LogsDir = Annotated[
+    Path | None,
+    typer.Argument(
+        help="Send every log under this directory (searched recursively), of any host unless "
+        "--host is given: logs copied off their host. Default: this host's logs under the spool "
+        "root."
+    ),
+]
+Prefix = Annotated[
+    str | None,
+    typer.Option(help="Send to <prefix>.events and <prefix>.logs, not the logs' own topics."),
+]
+SendTimeout = Annotated[
+    float, typer.Option(help="Seconds to wait for Kafka and for the records' delivery.")
 ]
 
 
@@ -128,25 +148,33 @@ def spool_list(
 @spool_app.command("send")
 @one_line_errors
 def spool_send(
+    directory: LogsDir = None,
     run: Run = None,
     host: Host = None,
     spool_dir: SpoolDir = None,
     bootstrap: Bootstrap = None,
-    timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for Kafka and for the records' delivery.")
-    ] = 60.0,
+    prefix: Prefix = None,
+    timeout: SendTimeout = 60.0,
     config: ConfigFile = None,
 ) -> None:
-    """Send what the logs of `rlpulse spool list` that no process sends hold.
+    """Send what the write-ahead logs that no process sends hold (e.g. after a kill).
 
-    For logs no agent serves (none could start, or it exited before Kafka came back). Logs
-    the host's agent sends are left to it. What is already on the topics is read back and not
-    sent again, so every record arrives once however often this runs. A dead writer's log sent
-    whole is deleted; each log that is not is named with its cause and kept. Exits 0 when
-    every record was sent (or nothing waited), 1 when some were not or ``--run`` names a run
-    with no log here.
+    For logs no agent serves (none could start, it exited before Kafka came back, or the
+    logs were copied off their host: give their DIR). Logs the host's agent sends are left to
+    it. What is already on the topics is read back and not sent again, so every record
+    arrives once however often this runs. A dead writer's log sent whole is deleted; each log
+    that is not is named with its cause and kept. Exits 0 when every record was sent (or
+    nothing waited), 1 when some were not or ``--run`` names a run with no log here.
     """
     chosen = _chosen(config, spool_dir, bootstrap)
+    if directory is not None:
+        if run is not None or spool_dir is not None:
+            raise fail("DIR names the logs to send: --run and --spool-dir apply without it")
+        if not directory.exists():
+            raise fail(f"{directory} does not exist: nothing to send")
+        report = send_logs(directory, chosen, prefix=prefix, timeout_s=timeout, host=host)
+        print_report(report, directory, chosen)
+        return
     root = _root(chosen, spool_dir)
     host = host or host_name(chosen)
     listing = list_spool(root, host, run_id=run)
@@ -163,8 +191,36 @@ def spool_send(
         )
         out.print(message, highlight=False, soft_wrap=True)
         return
-    report = send_spool(root, chosen, host=host, run_id=run, timeout_s=timeout)
-    print_report(report, root, chosen, again="run `rlpulse spool send` again")
+    report = send_spool(root, chosen, host=host, run_id=run, prefix=prefix, timeout_s=timeout)
+    print_report(report, root, chosen)
+
+
+def print_report(report: SendReport, root: Path, chosen: Settings) -> None:
+    """Say what sending the logs under ``root`` did; exit 1 if it left records unsent."""
+    out.print(
+        f"sent {report.delivered} record(s) from {report.logs} write-ahead log(s) under "
+        f"{root} to {bootstrap_servers(chosen)}; {report.found} were there already",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if report.busy_producers:
+        out.print(f"skipped {report.busy_producers} log(s) held by a live process")
+    if report.other_hosts:
+        out.print(f"skipped {report.other_hosts} log(s) another host wrote")
+    for kept in report.kept:
+        err.print(
+            f"{kept.path}: {kept.records} record(s) not sent: {kept.cause}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if not report.complete:
+        err.print(
+            f"{report.undelivered} record(s) in {len(report.kept)} log(s) not sent; "
+            "the logs are kept: run `rlpulse spool send` again",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
 
 
 def _table(listing: SpoolListing, now_ns: int) -> Table:

@@ -24,6 +24,7 @@ only.
 
 from __future__ import annotations
 
+import datetime
 import heapq
 import json
 import os
@@ -32,7 +33,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ __all__ = [
     "read_json_lines",
     "read_rank_file",
     "read_rank_logs",
+    "rotated_files",
     "world_sizes",
 ]
 
@@ -70,6 +72,8 @@ _RANK_FILE = re.compile(r"(?:(?P<component>.+)_)?rank(?P<rank>\d+)\.jsonl")
 DEFAULT_COMPONENT: Final = "trainer"
 """The component of a file named ``rank<N>.jsonl``."""
 _SHOWN_CHARS = 120  # of a malformed line, in its report
+_STAMP = "%Y%m%dT%H%M%S.%fZ"
+_ROTATED = re.compile(r"\.jsonl\.\d{8}T\d{6}\.\d{6}Z(?:-\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -175,17 +179,45 @@ def world_sizes(files: Iterable[RankFile]) -> dict[str, int]:
 # -- writer ----------------------------------------------------------------------------------
 
 
+def rotated_files(live: Path) -> list[Path]:
+    """The rotated files of the live rank file ``live``, oldest first."""
+    if not live.parent.is_dir():
+        return []
+    prefix = live.name + "."
+    found = [
+        path
+        for path in live.parent.iterdir()
+        if path.name.startswith(prefix) and _ROTATED.search(path.name)
+    ]
+    return sorted(found, key=_rotation_order)
+
+
+def _rotation_order(path: Path) -> tuple[str, int]:
+    """Rotated files sort by their time, then by the serial that keeps equal times apart."""
+    stamp, _, serial = path.name.rpartition(".")[2].partition("-")
+    return stamp, int(serial or 0)
+
+
 class RankLogWriter(ClosedByWith):
     """Appends this rank's lines to ``<directory>/<component>_rank<rank>.jsonl``.
 
-    The file (and ``directory``) is created at construction, so the rank counts towards the
-    component's world size even before its first line. Lines are written whole and the file
-    is line-buffered: each line reaches the OS when :meth:`write` returns. Thread-safe.
+    The one writer of the layout's files (a logger's local copy,
+    ``rlpulse.producers.caller.rankfiles``, hands its lines to one from a thread). The file
+    (and ``directory``) is created at construction, so the rank counts towards the
+    component's world size even before its first line. Lines are written whole and each
+    reaches the OS when :meth:`write` (or :meth:`write_lines`) returns. Thread-safe.
 
     Write all metrics of one (stage, step) in one call: a reader without an ``attempt``
     field reads a step at or below the last one of the same stage and rank as the start of
     a resumed attempt (docs/design.md, "Attempts"). Every line carries the ``timestamp_ns``,
     ``hostname`` and ``pid`` of the process that wrote it.
+
+    With ``rotation_bytes``, a file that would pass that size is renamed to
+    ``<name>.jsonl.<UTC time>`` (no longer matching ``*.jsonl``: readers and shippers of live
+    files do not read it twice) and a new one is started. With ``retention_s``, rotated files
+    older than that (by modification time: when they were rotated) are deleted at each
+    rotation and by :meth:`sweep`. ``clock`` (seconds since the epoch) names rotated files and
+    decides their age; tests pass one.
     """
 
     def __init__(
@@ -195,6 +227,9 @@ class RankLogWriter(ClosedByWith):
         rank: int,
         *,
         hostname: str | None = None,
+        rotation_bytes: int | None = None,
+        retention_s: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(component, str) or not component or "/" in component or "\\" in component:
             raise ValueError(f"component must be a non-empty name without '/', got {component!r}")
@@ -205,9 +240,15 @@ class RankLogWriter(ClosedByWith):
         self.hostname = socket.gethostname() if hostname is None else hostname
         self.pid = os.getpid()
         self.path = rank_log_path(directory, component, rank)
+        self.rotation_bytes = rotation_bytes
+        self.retention_s = retention_s
+        self.deleted: list[Path] = []
+        """Rotated files this writer deleted after their retention."""
+        self._clock = clock
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._file = self.path.open("a", encoding="utf-8", buffering=1)
+        self._size = self._file.tell()
 
     @property
     def closed(self) -> bool:
@@ -240,14 +281,65 @@ class RankLogWriter(ClosedByWith):
             pid=extra.pop("pid", self.pid),
             extra=extra,
         )
-        text = json.dumps(line, separators=(",", ":")) + "\n"
-        with self._lock:
-            self._file.write(text)
+        self._append([json.dumps(line, separators=(",", ":")) + "\n"])
+
+    def write_lines(self, lines: Iterable[Mapping[str, Any]]) -> int:
+        """Append lines made already (a logger's metrics lines and log records), in order.
+
+        Values JSON cannot hold are written as their ``str``. Returns how many were written.
+        """
+        texts = [json.dumps(line, separators=(",", ":"), default=str) + "\n" for line in lines]
+        self._append(texts)
+        return len(texts)
+
+    def sweep(self) -> list[Path]:
+        """Delete the rotated files past the retention now (none without one); returns them."""
+        if self.retention_s is None:
+            return []
+        cutoff = self._clock() - self.retention_s
+        gone = []
+        for path in rotated_files(self.path):
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    gone.append(path)
+            except FileNotFoundError:
+                continue
+        self.deleted += gone
+        return gone
 
     def close(self) -> None:
         """Close the file; calling it again does nothing."""
         with self._lock:
             self._file.close()
+
+    def _append(self, texts: list[str]) -> None:
+        chunk: list[str] = []
+        with self._lock:
+            for text in texts:
+                size = len(text) if text.isascii() else len(text.encode())
+                limit = self.rotation_bytes
+                if limit is not None and self._size and self._size + size > limit:
+                    self._file.write("".join(chunk))
+                    chunk.clear()
+                    self._rotate()
+                chunk.append(text)
+                self._size += size
+            self._file.write("".join(chunk))
+            self._file.flush()
+
+    def _rotate(self) -> None:
+        self._file.close()
+        stamp = datetime.datetime.fromtimestamp(self._clock(), datetime.UTC).strftime(_STAMP)
+        target = self.path.with_name(f"{self.path.name}.{stamp}")
+        serial = 1
+        while target.exists():
+            target = self.path.with_name(f"{self.path.name}.{stamp}-{serial}")
+            serial += 1
+        os.replace(self.path, target)
+        self._file = self.path.open("a", encoding="utf-8", buffering=1)
+        self._size = 0
+        self.sweep()
 
 
 def metrics_line(
@@ -261,15 +353,15 @@ def metrics_line(
     pid: int,
     extra: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """One metrics line of a rank file, as both writers of the layout make it.
+    """One metrics line of a rank file, as :class:`RankLogWriter` and a logger's local file make it.
 
     ``stage``, ``step``, ``rank``, the metrics as floats, ``timestamp_ns``, ``hostname``,
     ``pid``, then ``extra`` (``attempt``, ``run_id``, ...). Raises ``ValueError`` for a line
     a reader could not read back as it was meant: a step below 0, a stage the worker refuses,
     a metric that is not a number, a metric named like a TrainerEvent field
     (:data:`EVENT_FIELDS`: a reader takes it for the line's own field), or an extra that
-    repeats a metric. :class:`RankLogWriter` raises it to its caller; a logger's local file
-    (``rlpulse.producers.caller.rankfiles``) leaves the line out, counted and warned once,
+    repeats a metric. :meth:`RankLogWriter.write` raises it to its caller; a logger's local
+    file (``rlpulse.producers.caller.rankfiles``) leaves the line out, counted and warned once,
     because ``log()`` never raises.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:

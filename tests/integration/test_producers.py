@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from rlpulse.producers import ControlClient, EventHandler, EventLogger, RunLink, Settings
-from rlpulse.producers.delivery.replay import replay_logs
+from rlpulse.producers.delivery.spool import send_logs
 from rlpulse.producers.delivery.wal import logs_under
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand
@@ -369,15 +369,15 @@ def left_unsent(topics: Topics, spool_dir: Path, run_id: str, count: int) -> Eve
     return logger
 
 
-def test_replay_sends_a_log_once_and_deletes_it(
+def test_send_logs_sends_a_log_once_and_deletes_it(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     dead = left_unsent(topics, tmp_path, "run-r", 30)
     settings = settings_for(kafka_bootstrap, topics)
-    report = replay_logs(tmp_path, settings)
+    report = send_logs(tmp_path, settings)
     assert (report.delivered, report.undelivered, report.logs) == (30, 0, 1)
     assert logs_under(tmp_path) == []
-    assert replay_logs(tmp_path, settings).delivered == 0  # nothing left to send twice
+    assert send_logs(tmp_path, settings).delivered == 0  # nothing left to send twice
     codec = default_codec()
     events = [codec.decode_event(v) for _, v in read_topic(kafka_bootstrap, topics.events, 30)]
     assert sorted(e["seq"] for e in events) == list(range(30))
@@ -413,7 +413,7 @@ def test_log_from_eight_threads_keeps_seq_in_log_order(
         assert mine == [float(i) for i in range(per_thread)], f"thread {thread} reordered"
 
 
-def test_replay_subcommand_sends_a_log(
+def test_replay_still_runs_spool_send_and_says_it_is_deprecated(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     left_unsent(topics, tmp_path, "run-cli", 5)
@@ -425,17 +425,18 @@ def test_replay_subcommand_sends_a_log(
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    assert "rlpulse replay is deprecated: use `rlpulse spool send [DIR]`" in result.stderr
     assert "sent 5 record(s) from 1 write-ahead log(s)" in result.stdout
     read_topic(kafka_bootstrap, topics.events, 5)
     assert logs_under(tmp_path) == []
 
 
-def test_replay_subcommand_exits_1_and_keeps_the_files_when_kafka_is_unreachable(
+def test_spool_send_dir_exits_1_and_keeps_the_files_when_kafka_is_unreachable(
     topics: Topics, tmp_path: Path
 ) -> None:
     left_unsent(topics, tmp_path, "run-cli", 5)
     kept = logs_under(tmp_path)
-    command = [sys.executable, "-m", "rlpulse", "replay", str(tmp_path)]
+    command = [sys.executable, "-m", "rlpulse", "spool", "send", str(tmp_path)]
     result = subprocess.run(
         [*command, "--bootstrap", "127.0.0.1:1", "--timeout", "2"],
         capture_output=True,
@@ -552,13 +553,13 @@ def test_records_for_a_missing_topic_say_the_topic_is_missing(
     assert "Message timed out" not in line
 
 
-def test_replay_names_the_cause_per_log_and_carries_on(
+def test_spool_send_dir_names_the_cause_per_log_and_carries_on(
     kafka_bootstrap: str, topics: Topics, tmp_path: Path
 ) -> None:
     missing = Topics(prefix=f"missing-{uuid.uuid4().hex[:8]}")
-    left_unsent(missing, tmp_path / "a", "run-gone", 5)  # replayed first
+    left_unsent(missing, tmp_path / "a", "run-gone", 5)  # sent first
     left_unsent(topics, tmp_path / "b", "run-here", 3)
-    command = [sys.executable, "-m", "rlpulse", "replay", str(tmp_path)]
+    command = [sys.executable, "-m", "rlpulse", "spool", "send", str(tmp_path)]
     result = subprocess.run(
         [*command, "--bootstrap", kafka_bootstrap, "--timeout", "10"],
         capture_output=True,

@@ -128,3 +128,22 @@ def test_a_line_the_layout_cannot_hold_is_left_out_counted_and_warned(
     assert len(warned) == 1 and "'hostname' cannot be a metric name" in warned[0]
     with RankLogWriter(tmp_path / "direct", "trainer", 0) as writer, pytest.raises(ValueError):
         writer.write(2, "trainer", {"loss": 2.0, "hostname": 3.0})
+
+
+def test_the_layouts_writer_rotates_and_sweeps_by_itself(tmp_path: Path) -> None:
+    """RankLogWriter is the one writer of rank files: the sink's rotation is its rotation."""
+    clock = Clock()
+    with RankLogWriter(
+        tmp_path, "actor", 1, rotation_bytes=256, retention_s=60, clock=clock
+    ) as writer:
+        for step in range(20):
+            writer.write(step, "actor", {"loss": float(step)})
+        assert writer.write_lines([{"kind": "log", "message": "done", "step": 20}]) == 1
+    rotated = rotated_files(writer.path)
+    assert rotated and all(path.stat().st_size <= 256 for path in rotated)
+    steps = [line["step"] for line in lines_of([*rotated, writer.path])]
+    assert steps == list(range(21))
+    for path in rotated:
+        os.utime(path, (clock.now - 120, clock.now - 120))
+    with RankLogWriter(tmp_path, "actor", 1, retention_s=60, clock=clock) as again:
+        assert sorted(again.sweep()) == sorted(rotated) == sorted(again.deleted)

@@ -7,30 +7,28 @@ metrics event is a line with ``stage``, ``step``, ``rank``, its metrics at the t
 with ``"kind": "log"`` and the fields of a :class:`~rlpulse.schemas.records.LogRecord`
 (level, logger, message, exception, trace id, host IP...), which the metrics readers skip.
 
-A metrics line is :func:`~rlpulse.schemas.jsonl.metrics_line`'s, the same as
-:class:`~rlpulse.schemas.jsonl.RankLogWriter` writes, by the same rules: a line that
-:class:`~rlpulse.schemas.jsonl.RankLogWriter` would refuse with ``ValueError`` (a metric named
-like one of the line's own fields) is left out here, counted in :attr:`RankFileSink.refused`
-with one warning, because ``log()`` never raises; the event itself is sent.
+A metrics line is :func:`~rlpulse.schemas.jsonl.metrics_line`'s, by its rules: a line that
+:meth:`~rlpulse.schemas.jsonl.RankLogWriter.write` would refuse with ``ValueError`` (a metric
+named like one of the line's own fields) is left out here, counted in
+:attr:`RankFileSink.refused` with one warning, because ``log()`` never raises; the event
+itself is sent.
 
 The training thread only hands a line over (:meth:`RankFileSink.put`, no I/O, never
-blocks); a daemon thread turns lines into JSON, appends them, and flushes after each batch
-so that a tailing shipper (Fluent Bit) sees them within a fraction of a second. When the
-file would pass ``rotation_bytes`` it is renamed to ``<name>.jsonl.<UTC time>`` (no longer
-matching ``*.jsonl``, so shippers and readers of live files do not read it twice) and a new
-one is started; rotated files older than ``retention_s`` (by modification time, which is
-when they were rotated) are deleted at each rotation, at start and every minute. Lines
-beyond ``queue_max`` waiting for the thread are dropped and counted in :attr:`dropped`.
+blocks); a daemon thread hands the lines waiting to the layout's one writer,
+:class:`~rlpulse.schemas.jsonl.RankLogWriter`, which turns them into JSON, appends them and
+flushes after each batch, so that a tailing shipper (Fluent Bit) sees them within a fraction
+of a second. The writer rotates the file at ``rotation_bytes`` (to ``<name>.jsonl.<UTC
+time>``, no longer matching ``*.jsonl``) and deletes rotated files older than ``retention_s``
+(by modification time, which is when they were rotated) at each rotation; the thread sweeps
+them at start and every minute too. Lines beyond ``queue_max`` waiting for the thread are
+dropped and counted in :attr:`dropped`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import json
 import logging
 import os
-import re
 import threading
 import time
 from collections import deque
@@ -38,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from rlpulse.schemas.jsonl import rank_log_path
+from rlpulse.schemas.jsonl import RankLogWriter, rank_log_path, rotated_files
 
 __all__ = ["RankFileSink", "rotated_files"]
 
@@ -48,27 +46,6 @@ SWEEP_S: Final = 60.0
 """How often the writer deletes rotated files past their retention."""
 WAKE_S: Final = 0.2
 """Longest the writer waits before it looks for lines again."""
-_STAMP = "%Y%m%dT%H%M%S.%fZ"
-_ROTATED = re.compile(r"\.jsonl\.\d{8}T\d{6}\.\d{6}Z(?:-\d+)?$")
-
-
-def rotated_files(live: Path) -> list[Path]:
-    """The rotated files of the live file ``live``, oldest first."""
-    if not live.parent.is_dir():
-        return []
-    prefix = live.name + "."
-    found = [
-        path
-        for path in live.parent.iterdir()
-        if path.name.startswith(prefix) and _ROTATED.search(path.name)
-    ]
-    return sorted(found, key=_rotation_order)
-
-
-def _rotation_order(path: Path) -> tuple[str, int]:
-    """Rotated files sort by their time, then by the serial that keeps equal times apart."""
-    stamp, _, serial = path.name.rpartition(".")[2].partition("-")
-    return stamp, int(serial or 0)
 
 
 class RankFileSink:
@@ -89,6 +66,9 @@ class RankFileSink:
         queue_max: int = 100_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self.directory = directory
+        self.component = component
+        self.rank = rank
         self.path = rank_log_path(directory, component, rank)
         self.rotation_bytes = rotation_bytes
         self.retention_s = retention_s
@@ -101,15 +81,12 @@ class RankFileSink:
         counts them here and warns once."""
         self.written = 0
         """Lines written to the file."""
-        self.deleted: list[Path] = []
-        """Rotated files this sink deleted after their retention."""
         self._clock = clock
         self._lines: deque[dict[str, Any]] = deque()
         self._wake = threading.Event()
         self._idle = threading.Condition()
         self._closing = False
-        self._file: Any = None
-        self._size = 0
+        self._writer: RankLogWriter | None = None
         self._next_sweep = 0.0
         self._busy = False
         self._thread: threading.Thread | None = None
@@ -145,19 +122,14 @@ class RankFileSink:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 
+    @property
+    def deleted(self) -> list[Path]:
+        """Rotated files deleted after their retention."""
+        return [] if self._writer is None else self._writer.deleted
+
     def sweep(self) -> list[Path]:
         """Delete the rotated files past their retention now; returns them."""
-        cutoff = self._clock() - self.retention_s
-        gone = []
-        for path in rotated_files(self.path):
-            try:
-                if path.stat().st_mtime < cutoff:
-                    path.unlink()
-                    gone.append(path)
-            except FileNotFoundError:
-                continue
-        self.deleted += gone
-        return gone
+        return [] if self._writer is None else self._writer.sweep()
 
     # -- the writer thread ----------------------------------------------------------------
 
@@ -188,9 +160,9 @@ class RankFileSink:
                     self._idle.notify_all()
             if self._closing and not self._lines:
                 break
-        if self._file is not None:
+        if self._writer is not None:
             with contextlib.suppress(OSError):
-                self._file.close()
+                self._writer.close()
 
     def _write_waiting(self) -> None:
         lines = self._lines
@@ -198,36 +170,18 @@ class RankFileSink:
             return
         with self._idle:
             self._busy = True
-        if self._file is None:
-            self._open()
-        chunk: list[str] = []
-        while lines:
-            text = json.dumps(lines.popleft(), separators=(",", ":"), default=str) + "\n"
-            size = len(text.encode()) if not text.isascii() else len(text)
-            if self._size and self._size + size > self.rotation_bytes:
-                self._file.write("".join(chunk))
-                chunk.clear()
-                self._rotate()
-            chunk.append(text)
-            self._size += size
-            self.written += 1
-        self._file.write("".join(chunk))
-        self._file.flush()
-
-    def _open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
-        self._size = self._file.tell()
-
-    def _rotate(self) -> None:
-        self._file.close()
-        stamp = datetime.datetime.fromtimestamp(self._clock(), datetime.UTC).strftime(_STAMP)
-        target = self.path.with_name(f"{self.path.name}.{stamp}")
-        serial = 1
-        while target.exists():
-            target = self.path.with_name(f"{self.path.name}.{stamp}-{serial}")
-            serial += 1
-        os.replace(self.path, target)
-        self._file = self.path.open("a", encoding="utf-8")
-        self._size = 0
-        self.sweep()
+        if self._writer is None:
+            self._writer = RankLogWriter(
+                self.directory,
+                self.component,
+                self.rank,
+                rotation_bytes=self.rotation_bytes,
+                retention_s=self.retention_s,
+                clock=self._clock,
+            )
+        batch = [lines.popleft() for _ in range(len(lines))]
+        try:
+            self.written += self._writer.write_lines(batch)
+        except OSError:
+            self.dropped += len(batch)
+            raise

@@ -13,8 +13,6 @@ batching, acknowledgement, read-back, the agent and its wake are all in this roo
 - :mod:`~rlpulse.producers.delivery.shipper`: ``LogShipper``, one log to Kafka in batches, in order;
 - :mod:`~rlpulse.producers.delivery.readback`: what a topic already holds of a producer;
 - :mod:`~rlpulse.producers.delivery.clock`: this host's clock against the brokers';
-- :mod:`~rlpulse.producers.delivery.replay`: ``rlpulse replay`` and ``spool send``, for logs no
-  agent serves;
 - :mod:`~rlpulse.producers.delivery.spool`: ``rlpulse spool``, what waits on this host and who
-  sends it.
+  sends it, and ``spool send`` for logs no agent serves.
 """

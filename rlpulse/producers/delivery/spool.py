@@ -5,8 +5,12 @@ this host wrote, with its run, producer, host and process, whether its writer is
 (:func:`~rlpulse.producers.delivery.wal.claim_held` on ``lock``), which process sends it (the
 host's agent, holding ``ship.lock``), and the events and text records after its acknowledged
 position; and the agents kept under the root, alive or not, with what each serves and its
-trouble. ``rlpulse spool send`` is :func:`send_spool`: the logs no process sends, sent by
-:func:`~rlpulse.producers.delivery.replay.replay_logs`, the routine of ``rlpulse replay``.
+trouble. ``rlpulse spool send`` is :func:`send_logs` (:func:`send_spool` for this host's
+logs): for logs no agent serves (none could run, it exited before Kafka came back, the logs
+were copied off their host). Each log no other sender holds (its ``ship.lock``) goes through
+the agent's :class:`~rlpulse.producers.delivery.shipper.LogShipper`, which reads back what
+its topics already hold of the producer and sends only the rest, so every record reaches its
+topic once however often this runs. A log whose writer is gone is deleted once sent whole.
 
 Looking changes nothing: a read of each log's ``meta.json`` and ``acked`` file, its frames
 (counted, not decoded), and shared lock attempts given up at once.
@@ -14,41 +18,61 @@ Looking changes nothing: a read of each log's ``meta.json`` and ``acked`` file, 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import socket
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
+from confluent_kafka import Consumer
+
 from rlpulse.producers.delivery.agent_place import agent_alive, agents_under, read_json
-from rlpulse.producers.delivery.replay import ReplayReport, replay_logs
+from rlpulse.producers.delivery.shipper import LogShipper, Producers
 from rlpulse.producers.delivery.wal import (
     EVENT,
+    LOCK_NAME,
     LOG,
     PROTOCOL,
     SHIP_LOCK_NAME,
     AckFile,
     LogMeta,
+    WalClaim,
     WalReader,
     claim_held,
     logs_under,
     run_wal_dir,
     sender_pid,
+    unsent_frames,
 )
+from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
+from rlpulse.transport.bootstrap import bootstrap_servers
+from rlpulse.transport.clients import ClientDiagnostics, new_consumer, trainer_producer
+from rlpulse.transport.roles import control_group_prefix
+from rlpulse.transport.topics import missing_topic, topic_exists
 
 __all__ = [
     "DEAD",
     "LIVE",
     "AgentSeen",
+    "KeptLog",
     "LogState",
+    "SendReport",
     "SpoolListing",
     "SpoolLog",
     "host_name",
     "list_spool",
+    "send_logs",
     "send_spool",
 ]
+
+log = logging.getLogger(__name__)
+
+_POLL_S: Final = 0.05
 
 LogState = Literal["live", "dead"]
 LIVE: Final = "live"
@@ -177,16 +201,176 @@ def send_spool(
     *,
     host: str,
     run_id: str | None = None,
+    prefix: str | None = None,
     timeout_s: float = 60.0,
-) -> ReplayReport:
+) -> SendReport:
     """Send the logs :func:`list_spool` lists that no process sends (the same arguments).
 
-    :func:`~rlpulse.producers.delivery.replay.replay_logs` over the same directory, for
-    ``host``: a log the host's agent sends is left to it, a dead writer's log sent whole is
-    deleted, one that is not is kept with its cause.
+    :func:`send_logs` over the same directory, for ``host``.
     """
     where = root if run_id is None else run_wal_dir(root, run_id, host)
-    return replay_logs(where, settings, timeout_s=timeout_s, host=host)
+    return send_logs(where, settings, prefix=prefix, timeout_s=timeout_s, host=host)
+
+
+@dataclass(frozen=True)
+class KeptLog:
+    """A write-ahead log that could not be sent whole, and why (it is kept for later)."""
+
+    path: Path
+    records: int
+    """Records of the log not sent."""
+    cause: str
+    """Why, in a few words: a missing topic, Kafka out of reach, a delivery error."""
+
+
+@dataclass
+class SendReport:
+    """What one :func:`send_logs` did: counts of logs and records, and the logs kept."""
+
+    logs: int = 0
+    """Write-ahead logs sent whole (and deleted)."""
+    delivered: int = 0
+    """Records sent."""
+    found: int = 0
+    """Records found on their topic already (sent before): not sent again."""
+    busy_producers: int = 0
+    """Logs another process sends (the host's agent): left alone."""
+    other_hosts: int = 0
+    """Logs another host wrote (when sending for one ``host``): left alone."""
+    live: int = 0
+    """Logs whose writer is alive: what they held was sent, the logs stay with their writers."""
+    kept: list[KeptLog] = field(default_factory=list)
+    """The logs not sent whole, each with its cause."""
+
+    @property
+    def undelivered(self) -> int:
+        """Records not sent (their logs are kept)."""
+        return sum(kept.records for kept in self.kept)
+
+    @property
+    def complete(self) -> bool:
+        """Whether nothing was left unsent."""
+        return not self.kept
+
+
+def send_logs(
+    root: Path,
+    settings: Settings,
+    *,
+    prefix: str | None = None,
+    timeout_s: float = 60.0,
+    host: str | None = None,
+) -> SendReport:
+    """Send what every write-ahead log under ``root`` (searched recursively) still holds.
+
+    ``prefix`` sends to ``<prefix>.events`` and ``<prefix>.logs`` instead of the topics each
+    log recorded. A log sent whole whose writer is gone is deleted; one that is not — Kafka out
+    of reach, a topic missing, not all confirmed within ``timeout_s`` — is kept, with its cause.
+    Logs another process sends (the host's agent) are left to it. With ``host``, logs another
+    host wrote are left alone (their writer may be alive there).
+    """
+    report = SendReport()
+    diagnostics = ClientDiagnostics("rlpulse spool send", settings, quiet=True)
+    producers: Producers | None = None
+    shippers: list[LogShipper] = []
+    for path in logs_under(Path(root)):
+        meta = LogMeta.read(path)
+        if meta is None:
+            report.kept.append(KeptLog(path, unsent_frames(path), "no readable meta.json"))
+            continue
+        if host is not None and meta.host is not None and meta.host != host:
+            report.other_hosts += 1
+            continue
+        if meta.protocol > PROTOCOL:
+            cause = f"protocol {meta.protocol}: a newer rlpulse writes it"
+            report.kept.append(KeptLog(path, unsent_frames(path), cause))
+            continue
+        claim = WalClaim.take(path, SHIP_LOCK_NAME)
+        if claim is None:
+            report.busy_producers += 1
+            log.info("%s: process %s sends this log", path, sender_pid(path))
+            continue
+        if prefix is not None:
+            topics = Topics(prefix)
+            meta = dataclasses.replace(meta, events_topic=topics.events, logs_topic=topics.logs)
+        if producers is None:
+            producers = Producers(
+                trainer_producer(settings, "rlpulse spool send (events)", diagnostics),
+                trainer_producer(settings, "rlpulse spool send (logs)", diagnostics),
+                lambda: _read_back_consumer(settings),
+            )
+        problem = _destination_problem(producers, diagnostics, settings, meta, timeout_s)
+        if problem is not None:
+            report.kept.append(KeptLog(path, unsent_frames(path), problem))
+            claim.release()
+            continue
+        shippers.append(LogShipper(meta, claim, batch_max_bytes=settings.logging.batch_max_bytes))
+    if producers is not None:
+        _ship(producers, shippers, time.monotonic() + timeout_s)
+    for shipper in shippers:
+        _finish(shipper, report, timeout_s)
+    return report
+
+
+def _ship(producers: Producers, shippers: list[LogShipper], deadline: float) -> None:
+    """Step every shipper until each delivered all, is stuck, or ``deadline`` passes."""
+    waiting = list(shippers)
+    while waiting and time.monotonic() < deadline:
+        producers.poll()
+        for shipper in waiting:
+            shipper.step(producers, time.monotonic(), flush=True)
+        waiting = [s for s in waiting if not (s.delivered_all or s.stuck)]
+        time.sleep(_POLL_S)
+    producers.purge()
+    producers.close()
+
+
+def _finish(shipper: LogShipper, report: SendReport, timeout_s: float) -> None:
+    """Close one log after sending: deleted if sent whole and its writer is gone, else kept."""
+    shipper.settle()
+    state, path = shipper.state, shipper.directory
+    report.delivered += state.delivered + state.resent
+    report.found += state.found
+    writer_alive = claim_held(path, LOCK_NAME) is True
+    if shipper.delivered_all and not writer_alive:
+        shipper.close(delete=True)
+        report.logs += 1
+        return
+    if shipper.delivered_all:
+        report.live += 1
+    else:
+        cause = shipper.last_error or f"not confirmed within {timeout_s:g} s"
+        if shipper.unknown_kind is not None:
+            cause = f"frame kind {shipper.unknown_kind}: a newer rlpulse writes it"
+        report.kept.append(KeptLog(path, unsent_frames(path), cause))
+    shipper.close(delete=False)
+
+
+def _destination_problem(
+    producers: Producers,
+    diagnostics: ClientDiagnostics,
+    settings: Settings,
+    meta: LogMeta,
+    timeout_s: float,
+) -> str | None:
+    """Why the log's records cannot go to its topics now, or None."""
+    wait_s = min(timeout_s, 10.0)
+    for topic in (meta.events_topic, meta.logs_topic):
+        exists = topic_exists(producers.events, topic, wait_s)
+        if exists is None:
+            producers.events.poll(0)  # serves the client's error callbacks: they say why
+            cause = diagnostics.cause()
+            return f"Kafka at {bootstrap_servers(settings)} did not answer within {wait_s:g} s" + (
+                f" ({cause})" if cause else ""
+            )
+        if not exists:
+            return missing_topic(topic)
+    return None
+
+
+def _read_back_consumer(settings: Settings) -> Consumer:
+    group = f"{control_group_prefix(settings.prefix)}readback"
+    return new_consumer(settings, group, "rlpulse spool send read-back")
 
 
 def _look(directory: Path, meta: LogMeta | None) -> SpoolLog | None:
