@@ -8,6 +8,7 @@ a rule window or a metric would make recovery fail after a restart.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
 
@@ -37,3 +38,13 @@ def test_every_changelog_reads_back_what_the_worker_writes(tmp_path: Path) -> No
             back = loads(back)
         assert math.isnan(back["window"][0][1]) and back["window"][1][1] == math.inf, table.name
         assert back["n"] == -math.inf and topic.partitions == settings.worker.partitions
+
+
+def test_a_revoked_partition_forgets_what_this_worker_put_in_its_indexes(tmp_path: Path) -> None:
+    settings = Settings(bootstrap="127.0.0.1:1").updated({"worker.data_dir": tmp_path})
+    worker = WorkerApp(settings, RuleBook(load_preset("seed"), "<preset seed>"))
+    worker._indexed_stages.add("run|0|actor")
+    worker._indexed_runs.add("run|0")
+    asyncio.run(worker._on_revoked(None, signal=None))
+    # Back after a rebalance, the next event of each puts it in the table's index again.
+    assert (worker._indexed_stages, worker._indexed_runs) == (set(), set())

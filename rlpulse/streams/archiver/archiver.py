@@ -74,7 +74,8 @@ from rlpulse.settings import Settings
 from rlpulse.streams.archiver.buffer import PartitionBuffer
 from rlpulse.streams.archiver.prune import cutoff_ms, prune
 from rlpulse.streams.archiver.writer import FlushWriter
-from rlpulse.transport.clients import is_fatal, new_consumer, new_producer
+from rlpulse.transport.clients import is_fatal, new_producer
+from rlpulse.transport.group import Fetching, join_group
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics_for_reader
 
@@ -86,10 +87,11 @@ POLL_S = 0.5
 AUDIT_RECHECK_S = 2.0
 SILENCE_CHECK_S = 1.0
 WATERMARK_TIMEOUT_S = 10.0
-FETCH_MIN_BYTES = 256 * 1024
-FETCH_WAIT_MAX_MS = 200
 METADATA_REFRESH_S = 10.0
 """How soon the consumer finds a subscribed topic that was created after it started."""
+FETCHING = Fetching(min_bytes=256 * 1024, wait_max_ms=200, metadata_refresh_s=METADATA_REFRESH_S)
+"""Fewer, fuller fetches: the broker's work is per request; records wait for a buffer's roll
+anyway."""
 
 
 @dataclass
@@ -166,24 +168,17 @@ class Archiver:
         self.store.prepare()
         wait_for_kafka(self.settings, deadline, self._say)
         ensure_topics_for_reader(self.settings, deadline.left(), METADATA_REFRESH_S, self._say)
-        properties: dict[str, object] = {
-            "enable.partition.eof": False,
-            "topic.metadata.refresh.interval.ms": round(METADATA_REFRESH_S * 1000),
-            "session.timeout.ms": round(archive.session_timeout_s * 1000),
-            # Fewer, fuller fetches: the broker's work is per request; records wait for a
-            # buffer's roll anyway.
-            "fetch.min.bytes": FETCH_MIN_BYTES,
-            "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
-        }
-        if archive.instance_id:
-            properties["group.instance.id"] = archive.instance_id
-        consumer = new_consumer(self.settings, self.settings.archive_group, "archiver", properties)
-        self._consumer = consumer
-        consumer.subscribe(
+        consumer = self._consumer = join_group(
+            self.settings,
+            self.settings.archive_group,
+            "archiver",
             list(self._by_topic),
+            archive,
+            FETCHING,
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
+            overrides={"enable.partition.eof": False},
         )
         writer = self._writer = FlushWriter()
         writer.start()

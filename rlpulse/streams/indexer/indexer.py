@@ -56,7 +56,8 @@ from rlpulse.streams.indexer.documents import (
 from rlpulse.streams.indexer.exceptions import IndexerError
 from rlpulse.streams.indexer.template import templates
 from rlpulse.transport.backoff import Backoff
-from rlpulse.transport.clients import is_fatal, new_consumer, new_producer
+from rlpulse.transport.clients import is_fatal, new_producer
+from rlpulse.transport.group import Fetching, join_group
 from rlpulse.transport.readiness import Deadline, wait_for_kafka
 from rlpulse.transport.topics import ensure_topics_for_reader
 
@@ -74,12 +75,11 @@ WAIT_FOR_SEARCH_MAX_S = 5.0
 REPORT_S = 60.0
 """How often a busy indexer says how it goes."""
 DLQ_TIMEOUT_S = 30.0
-FETCH_MIN_BYTES = 64 * 1024
-FETCH_WAIT_MAX_MS = 100
 REJECTED = "rejected"
 """The kind of a dead letter's reason for a document the search engine refused."""
 METADATA_REFRESH_S = 10.0
 """How soon the consumer finds a topic that was created after it started."""
+FETCHING = Fetching(min_bytes=64 * 1024, wait_max_ms=100, metadata_refresh_s=METADATA_REFRESH_S)
 
 
 @dataclass
@@ -209,18 +209,13 @@ class Indexer:
             f"indexing into {engine} at {self.url}: {self.names.pattern('logs')}, "
             f"{self.names.pattern('steps')}"
         )
-        properties: dict[str, object] = {
-            "session.timeout.ms": round(index.session_timeout_s * 1000),
-            "fetch.min.bytes": FETCH_MIN_BYTES,
-            "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
-            "topic.metadata.refresh.interval.ms": round(METADATA_REFRESH_S * 1000),
-        }
-        if index.instance_id:
-            properties["group.instance.id"] = index.instance_id
-        consumer = new_consumer(self.settings, self.settings.index_group, "indexer", properties)
-        self._consumer = consumer
-        consumer.subscribe(
+        consumer = self._consumer = join_group(
+            self.settings,
+            self.settings.index_group,
+            "indexer",
             [self.topics.logs, self.topics.steps],
+            index,
+            FETCHING,
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,

@@ -614,23 +614,20 @@ class WorkerApp:
 
     def _index_run(self, partition: int, rkey: str) -> None:
         """Remember which partition holds a run attempt, so its ticks watch it for silence."""
-        if rkey in self._indexed_runs:
-            return
-        key = f"r{partition}"
-        known: list[str] = list(self.partition_stages.get(key) or [])
-        if rkey not in known:
-            self.partition_stages[key] = [*known, rkey]
-        self._indexed_runs.add(rkey)
+        self._index(f"r{partition}", rkey, self._indexed_runs)
 
     def _index_stage(self, partition: int, skey: str) -> None:
         """Remember which partition holds a stage, so that partition's ticks can expire it."""
-        if skey in self._indexed_stages:
+        self._index(f"p{partition}", skey, self._indexed_stages)
+
+    def _index(self, key: str, item: str, indexed: set[str]) -> None:
+        """Add ``item`` to the partition index under ``key`` once; ``indexed`` remembers it."""
+        if item in indexed:
             return
-        key = f"p{partition}"
         known: list[str] = list(self.partition_stages.get(key) or [])
-        if skey not in known:
-            self.partition_stages[key] = [*known, skey]
-        self._indexed_stages.add(skey)
+        if item not in known:
+            self.partition_stages[key] = [*known, item]
+        indexed.add(item)
 
     async def _publish(self, item: Released, source: Any) -> list[Awaitable[Any]]:
         """Send a released summary and its commands; returns their deliveries.
@@ -689,8 +686,10 @@ class WorkerApp:
         )
 
     async def _on_revoked(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        # The partition index is re-read from the table when a partition comes back.
+        # The partition indexes (open stages, watched runs) are re-read from the table when a
+        # partition comes back: another worker may have changed them meanwhile.
         self._indexed_stages.clear()
+        self._indexed_runs.clear()
         self._owned.clear()
         self.reads.forget()
 
