@@ -284,8 +284,9 @@ class AgentSettings(_Section):
         default="SIGRTMIN+3",
         description=(
             "The signal on which each rank process dumps its threads' stacks for the agent "
-            "(capture_stacks): SIGRTMIN+n, a name or a number; 'off' registers none. A signal "
-            "that already has a handler is left alone."
+            "(capture_stacks) when its own thread cannot: SIGRTMIN+n, a name or a number; "
+            "'off': no stacks from outside (ranks register nothing, agents read no control "
+            "topic). A signal that already has a handler is left alone."
         ),
     )
 

@@ -237,6 +237,8 @@ class HostAgent:
         for producer in (producers.events, producers.logs):
             with contextlib.suppress(KafkaException):
                 producer.list_topics(f"{self.place.prefix}.events", timeout=1.0)
+        if self.settings.agent.stacks_signal.strip().lower() == "off":
+            return  # no stacks from outside: no control topic to read
         self._stacks = StackTaker(
             host=self.place.host,
             control_topic=Topics(prefix=self.place.prefix).control,
