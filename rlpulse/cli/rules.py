@@ -67,13 +67,18 @@ def schema(
     if check:
         if output is None:
             raise fail("--check needs --output: the file to compare")
+        if not output.is_file():
+            raise fail(f"{output} does not exist; run `rlpulse rules schema --output {output}`")
         if rules_schema.is_stale(output):
             raise fail(f"{output} is stale; run `rlpulse rules schema --output {output}`")
         return
     if output is None:
         typer.echo(rules_schema.schema_text(), nl=False)
         return
-    output.write_text(rules_schema.schema_text(), encoding="utf-8")
+    try:
+        output.write_text(rules_schema.schema_text(), encoding="utf-8")
+    except OSError as exc:
+        raise fail(f"cannot write {output}: {exc.strerror or exc}") from None
     typer.echo(f"wrote {output}")
 
 

@@ -100,5 +100,10 @@ def test_the_command_writes_checks_and_prints_the_schema(tmp_path: Path) -> None
     assert runner.invoke(app, ["rules", "schema", "--output", str(stale)]).exit_code == 0
     assert runner.invoke(app, ["rules", "schema", "--check", "--output", str(stale)]).exit_code == 0
     assert stale.read_text(encoding="utf-8") == schema.schema_text()
+    missing = tmp_path / "none" / "rules.schema.json"
+    absent = runner.invoke(app, ["rules", "schema", "--check", "--output", str(missing)])
+    assert absent.exit_code == 1 and "does not exist" in absent.output
+    unwritable = runner.invoke(app, ["rules", "schema", "--output", str(missing)])
+    assert unwritable.exit_code == 1 and f"cannot write {missing}" in unwritable.output
     printed = runner.invoke(app, ["rules", "schema"])
     assert printed.exit_code == 0 and json.loads(printed.output) == schema.rules_schema()
