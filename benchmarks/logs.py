@@ -74,8 +74,8 @@ from rlpulse.local.opensearch import local_search_or_url, request_json
 from rlpulse.producers import EventHandler, EventLogger, Settings
 from rlpulse.producers.delivery.agent_place import read_json
 from rlpulse.producers.delivery.wal import LOG, LogMeta, WalWriter
-from rlpulse.producers.encoding.fields import LogFields
-from rlpulse.producers.encoding.logs import LogEncoder, LogSource
+from rlpulse.producers.encoding.fields import LogFields, RecordSource
+from rlpulse.producers.encoding.logs import LogEncoder
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import load_settings
@@ -587,7 +587,7 @@ def bench_write_ahead(settings: Settings, work: Path, calls: int) -> None:
     writer = WalWriter(meta, segment_bytes=64 * 1024 * 1024, max_bytes=1 << 34)
     with EventLogger(f"bench-{uuid.uuid4().hex[:6]}", settings=settings) as events:
         events.log_record("INFO", 20, "trainer", "warm-up")
-        source = LogSource("run", 0, 0, {}, "host", "10.0.0.1", os.getpid(), "producer")
+        source = RecordSource("run", 0, 0, {}, "host", "10.0.0.1", os.getpid(), "producer")
         encoder = LogEncoder(source, default_codec(), 100_000)
         packed = encoder.entry(
             LogFields(1, "trainer", "INFO", 20, "trainer", "step 1 loss 0.5"), 0, 1

@@ -9,10 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlpulse.producers.encoding.events import zigzag
-from rlpulse.producers.encoding.fields import LogFields
+from rlpulse.producers.encoding.fields import LogFields, RecordSource
 from rlpulse.producers.encoding.logs import (
     LogEncoder,
-    LogSource,
     TimestampVarint,
     fit_text,
 )
@@ -45,7 +44,7 @@ def test_byte_identical_to_the_codec(
     tags: dict[str, str],
 ) -> None:  # fmt: skip
     codec = default_codec()
-    source = LogSource("run-1", 2, 3, tags, "node-7", "10.0.0.7", 4242, "p-1")
+    source = RecordSource("run-1", 2, 3, tags, "node-7", "10.0.0.7", 4242, "p-1")
     encoder = LogEncoder(source, codec, max_text_bytes=10_000)
     line = LogFields(
         step, stage, level, levelno, "trainer.x", message, exception, trace_id, fields, rate,
@@ -62,7 +61,7 @@ def test_byte_identical_to_the_codec(
 
 
 def test_the_fast_layout_writes_the_shipped_schema() -> None:
-    source = LogSource("run-1", 0, 0, {}, "node-7", "10.0.0.7", 4242, "p-1")
+    source = RecordSource("run-1", 0, 0, {}, "node-7", "10.0.0.7", 4242, "p-1")
     assert LogEncoder(source, default_codec(), max_text_bytes=10_000).fast
 
 
@@ -71,7 +70,7 @@ def test_a_changed_schema_is_written_by_fastavro_and_says_so(
 ) -> None:
     thread = {"name": "thread", "type": "string", "default": "main"}
     codec = codec_with_new_field(tmp_path / "avro", "LogBatch", thread, inside="entries")
-    source = LogSource("run-1", 0, 0, {"a": "b"}, "node-7", "10.0.0.7", 4242, "p-1")
+    source = RecordSource("run-1", 0, 0, {"a": "b"}, "node-7", "10.0.0.7", 4242, "p-1")
     encoder = LogEncoder(source, codec, max_text_bytes=10_000)
     assert not encoder.fast
     assert "LogBatch v2" in caplog.text and "LogEncoder's layout does not write" in caplog.text

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpulse.producers import InvalidFieldError
-from rlpulse.producers.encoding.events import EventEncoder, EventSource, metric_value, zigzag
-from rlpulse.producers.encoding.fields import EventFields
+from rlpulse.producers.encoding.events import EventEncoder, metric_value, zigzag
+from rlpulse.producers.encoding.fields import EventFields, RecordSource
 from rlpulse.producers.integrations.metrics import numeric_metrics
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.jsonl import RankLogWriter
@@ -27,29 +27,31 @@ TEXT = st.text(max_size=20)
 KINDS: st.SearchStrategy[EventKind] = st.sampled_from(["metrics", "log", "run_start", "run_end"])
 
 
-def source(**overrides: object) -> EventSource:
+def source(**overrides: object) -> RecordSource:
     fields: dict[str, object] = {
         "run_id": "run-a",
         "attempt": 0,
         "rank": 0,
         "tags": {},
         "hostname": "host",
+        "host_ip": "10.0.0.1",
         "pid": 42,
         "producer_id": "p" * 32,
     }
     fields.update(overrides)
-    return EventSource(**fields)  # type: ignore[arg-type]
+    return RecordSource(**fields)  # type: ignore[arg-type]
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     src=st.builds(
-        EventSource,
+        RecordSource,
         run_id=TEXT.filter(bool),
         attempt=st.integers(0, 2**31 - 1),
         rank=st.integers(0, 2**31 - 1),
         tags=st.dictionaries(TEXT, TEXT, max_size=3),
         hostname=TEXT,
+        host_ip=TEXT,
         pid=INTS,
         producer_id=TEXT,
     ),
@@ -68,7 +70,7 @@ def source(**overrides: object) -> EventSource:
     trace_id=st.none() | TEXT,
 )
 def test_encoder_matches_the_codec_byte_for_byte(
-    src: EventSource,
+    src: RecordSource,
     kind: EventKind,
     step: int,
     stage: str,

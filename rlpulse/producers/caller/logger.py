@@ -19,6 +19,7 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import cache, partial
 from pathlib import Path
 from typing import Final, get_args
@@ -50,9 +51,9 @@ from rlpulse.producers.encoding.arguments import (
     require_run_id,
     string_map,
 )
-from rlpulse.producers.encoding.events import EventEncoder, EventSource, RefusedEvent
-from rlpulse.producers.encoding.fields import EventFields, LogFields
-from rlpulse.producers.encoding.logs import LogEncoder, LogSource
+from rlpulse.producers.encoding.events import EventEncoder, RefusedEvent
+from rlpulse.producers.encoding.fields import EventFields, LogFields, RecordSource
+from rlpulse.producers.encoding.logs import LogEncoder
 from rlpulse.producers.exceptions import (
     InvalidFieldError,
     InvalidValueError,
@@ -173,19 +174,17 @@ class EventLogger(ClosedByWith):
         self._key = self.run_id.encode()
         self._good_stages: set[str] = set()
         self._good_world_sizes: set[int] = set()  # each places this rank within the limits
-        self._encoder = EventEncoder(
-            EventSource(
-                run_id=self.run_id,
-                attempt=self.attempt,
-                rank=self.rank,
-                tags=self.tags,
-                hostname=self.hostname,
-                pid=os.getpid(),
-                producer_id=self.producer_id,
-            ),
-            default_codec(),
-            self._limits,
+        self._source = RecordSource(
+            run_id=self.run_id,
+            attempt=self.attempt,
+            rank=self.rank,
+            tags=self.tags,
+            hostname=self.hostname,
+            host_ip="",  # resolved with the first log record: construction does no I/O
+            pid=os.getpid(),
+            producer_id=self.producer_id,
         )
+        self._encoder = EventEncoder(self._source, default_codec(), self._limits)
         self._lock = threading.RLock()
         self._writer: WalWriter | None = None
         self._bell: AgentBell | None = None
@@ -473,16 +472,7 @@ class EventLogger(ClosedByWith):
         the log (this process, or the next one after a kill) can build the batches.
         """
         encoder = LogEncoder(
-            LogSource(
-                run_id=self.run_id,
-                attempt=self.attempt,
-                rank=self.rank,
-                tags=self.tags,
-                hostname=self.hostname,
-                host_ip=host_ip(),
-                pid=os.getpid(),
-                producer_id=self.producer_id,
-            ),
+            replace(self._source, host_ip=host_ip()),
             default_codec(),
             max(256, (self._limits.max_event_bytes - _TEXT_HEADROOM) // 2),
         )

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from rlpulse.producers.delivery.spool_root import SHARED_FILESYSTEMS, SpoolRoot, node_local_default
-from rlpulse.producers.delivery.wal import EVENT
+from rlpulse.producers.delivery.wal import EVENT, try_lock_shared
 
 __all__ = [
     "AWAKE",
@@ -189,19 +189,9 @@ def agent_alive(lock: Path) -> bool:
     except OSError:
         return False
     try:
-        return not _try_shared(descriptor)
+        return not try_lock_shared(descriptor)
     finally:
         os.close(descriptor)
-
-
-def _try_shared(descriptor: int) -> bool:
-    import fcntl
-
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

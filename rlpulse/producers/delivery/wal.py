@@ -87,6 +87,7 @@ __all__ = [
     "read_source",
     "run_wal_dir",
     "segment_of",
+    "try_lock_shared",
     "unsent_frames",
 ]
 
@@ -335,7 +336,7 @@ def claim_held(directory: Path, name: str = LOCK_NAME) -> bool | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        return not _try_lock_shared(descriptor)
+        return not try_lock_shared(descriptor)
     finally:
         os.close(descriptor)  # drops the shared lock, if it was taken
 
@@ -345,7 +346,8 @@ if sys.platform == "win32":  # pragma: no cover - no flock; one process per dire
     def _try_lock(handle: IO[bytes]) -> bool:
         return True
 
-    def _try_lock_shared(descriptor: int) -> bool:
+    def try_lock_shared(descriptor: int) -> bool:
+        """Always True: without flock a lock file's holder cannot be seen."""
         return True
 
 else:
@@ -358,7 +360,11 @@ else:
             return False
         return True
 
-    def _try_lock_shared(descriptor: int) -> bool:
+    def try_lock_shared(descriptor: int) -> bool:
+        """Take a shared lock on ``descriptor`` without waiting; False if one is held exclusively.
+
+        Closing the descriptor drops the lock.
+        """
         try:
             fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -21,11 +21,10 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import get_args
 
-from rlpulse.producers.encoding.fields import EventFields, resolved
+from rlpulse.producers.encoding.fields import EventFields, RecordSource, resolved
 from rlpulse.producers.exceptions import InvalidFieldError
 from rlpulse.schemas.codec import MAGIC, Codec
 from rlpulse.schemas.exceptions import EncodeError
@@ -197,27 +196,14 @@ class _MetricShape:
         self.arguments: list[object] = [part for key in key_bytes for part in (key, 0.0)]
 
 
-@dataclass(frozen=True)
-class EventSource:
-    """The fields every event of one logger shares."""
-
-    run_id: str
-    attempt: int
-    rank: int
-    tags: dict[str, str]
-    hostname: str
-    pid: int
-    producer_id: str
-
-
 class EventEncoder:
-    """Encodes the TrainerEvents of one :class:`EventSource` (validating the metrics).
+    """Encodes the TrainerEvents of one :class:`RecordSource` (validating the metrics).
 
     A metric name longer than ``limits`` allow raises :class:`RefusedEvent`; on the slow
     path (a schema the precomputed layout does not write) the whole event is validated.
     """
 
-    def __init__(self, source: EventSource, codec: Codec, limits: EventLimits) -> None:
+    def __init__(self, source: RecordSource, codec: Codec, limits: EventLimits) -> None:
         self.source = source
         self._codec = codec
         self._limits = limits

@@ -1,12 +1,13 @@
-"""What a caller gives for one event or one text log record, as one typed value.
+"""What a caller gives for one event or one text log record, and what a logger's records share.
 
 :class:`EventFields` and :class:`LogFields` carry those fields from the public calls
 (:meth:`EventLogger.log <rlpulse.producers.caller.logger.EventLogger.log>`,
 :meth:`~rlpulse.producers.caller.logger.EventLogger.log_record`) to the encoders
 (:mod:`rlpulse.producers.encoding.events`, :mod:`rlpulse.producers.encoding.logs`): one object
 instead of a long argument list through each layer. The fields every record of a logger shares (run,
-rank, host, ...) are the encoder's source, not these; ``seq`` and the timestamp are given under the
-logger's lock. Plain slotted classes: one is made per record, on the hot path.
+rank, host, ...) are the encoders' :class:`RecordSource`, made once per logger; ``seq`` and the
+timestamp are given under the logger's lock. The first two are plain slotted classes: one is made
+per record, on the hot path.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from rlpulse.schemas.records import EventKind
 
-__all__ = ["EventFields", "LogFields", "resolved"]
+__all__ = ["EventFields", "LogFields", "RecordSource", "resolved"]
 
 
 def resolved(value: int | None, field: str) -> int:
@@ -24,6 +25,21 @@ def resolved(value: int | None, field: str) -> int:
     if value is None:
         raise ValueError(f"{field} was not filled in before encoding")
     return value
+
+
+@dataclass(frozen=True)
+class RecordSource:
+    """The fields every event and log record of one logger shares: its run, rank and host."""
+
+    run_id: str
+    attempt: int
+    rank: int
+    tags: dict[str, str]
+    hostname: str
+    host_ip: str
+    """The address the host's name resolves to; log records carry it, events do not."""
+    pid: int
+    producer_id: str
 
 
 @dataclass(slots=True)

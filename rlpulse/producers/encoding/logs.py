@@ -24,20 +24,18 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from fastavro import schemaless_writer
 
 from rlpulse.producers.encoding.events import TimestampVarint, avro_string, layout_agrees, zigzag
-from rlpulse.producers.encoding.fields import LogFields, resolved
+from rlpulse.producers.encoding.fields import LogFields, RecordSource, resolved
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.records import LogEntry, LogRecord
 
 __all__ = [
     "LogEncoder",
-    "LogSource",
     "TimestampVarint",
     "batch_body",
     "fit_text",
@@ -77,20 +75,6 @@ def _long_map(values: Mapping[str, int]) -> bytes:
     return zigzag(len(values)) + pairs + _END_OF_MAP
 
 
-@dataclass(frozen=True)
-class LogSource:
-    """The fields every log record of one logger shares."""
-
-    run_id: str
-    attempt: int
-    rank: int
-    tags: dict[str, str]
-    hostname: str
-    host_ip: str
-    pid: int
-    producer_id: str
-
-
 _SAMPLES = (
     LogFields(3, "trainer", "INFO", 20, "trainer.loop", "step 3 loss 0.5"),
     LogFields(
@@ -106,14 +90,14 @@ sampled-out counts."""
 
 
 class LogEncoder:
-    """Encodes the log records of one :class:`LogSource`; ``max_text_bytes`` caps text fields.
+    """Encodes the log records of one :class:`RecordSource`; ``max_text_bytes`` caps text fields.
 
     On the caller's thread a record becomes its LogEntry's Avro body (:meth:`entry`: what the
     write-ahead log holds); the host's agent joins entries behind the shared head
     (:meth:`batch`). Not thread-safe: its caller holds the logger's lock.
     """
 
-    def __init__(self, source: LogSource, codec: Codec, max_text_bytes: int) -> None:
+    def __init__(self, source: RecordSource, codec: Codec, max_text_bytes: int) -> None:
         self.source = source
         self.max_text_bytes = max_text_bytes
         schema = codec.registry.latest("LogBatch")

@@ -43,6 +43,7 @@ import atexit
 import copy
 import functools
 import logging
+import operator
 import threading
 import weakref
 from collections.abc import Callable, Collection, Mapping
@@ -173,20 +174,13 @@ def _with_context(original: Callable[..., Any], holder: Callable[[Any], Any]) ->
     return update
 
 
-def _patch_legacy_trainer(module: ModuleType) -> None:
-    trainer = module.RayPPOTrainer
+def _patch_trainer(class_name: str, holder: str, module: ModuleType) -> None:
+    """Make ``module.<class_name>``'s updates put the context into their batch's ``holder``."""
+    trainer = getattr(module, class_name)
     for name in ("_update_actor", "_update_critic"):
         original = getattr(trainer, name)
         if not getattr(original, "_rlpulse", False):
-            setattr(trainer, name, _with_context(original, lambda batch: batch.meta_info))
-
-
-def _patch_v1_trainer(module: ModuleType) -> None:
-    trainer = module.PPOTrainer
-    for name in ("_update_actor", "_update_critic"):
-        original = getattr(trainer, name)
-        if not getattr(original, "_rlpulse", False):
-            setattr(trainer, name, _with_context(original, lambda batch: batch.extra_info))
+            setattr(trainer, name, _with_context(original, operator.attrgetter(holder)))
 
 
 # -- the workers: each rank's values, published from its process -----------------------------
@@ -536,5 +530,6 @@ def install() -> None:
         return
     _installed.append(True)
     when_imported(WORKERS_MODULE, _patch_workers)
-    when_imported(TRAINER_MODULES[0], _patch_legacy_trainer)
-    when_imported(TRAINER_MODULES[1], _patch_v1_trainer)
+    legacy, v1 = TRAINER_MODULES
+    when_imported(legacy, functools.partial(_patch_trainer, "RayPPOTrainer", "meta_info"))
+    when_imported(v1, functools.partial(_patch_trainer, "PPOTrainer", "extra_info"))
