@@ -10,9 +10,15 @@ import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import ClassVar, Self
 
-__all__ = ["ChildProcess", "free_port", "rlpulse_command", "setting_variables"]
+__all__ = [
+    "ChildProcess",
+    "ServiceProcess",
+    "free_port",
+    "rlpulse_command",
+    "setting_variables",
+]
 
 
 def free_port(avoid: Collection[int] = ()) -> int:
@@ -121,3 +127,43 @@ class ChildProcess:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class ServiceProcess(ChildProcess):
+    """``rlpulse <subcommand> --bootstrap B --prefix P ...``, one service of a pipeline.
+
+    A subclass names its :attr:`subcommand` and adds its own options in :meth:`_options`;
+    ``extra_args`` go last, after them.
+    """
+
+    subcommand: ClassVar[str]
+    """The rlpulse subcommand the child runs ("worker")."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        prefix: str,
+        log_file: Path,
+        env: Mapping[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(log_file, env)
+        self.bootstrap = bootstrap
+        self.prefix = prefix
+        self.extra_args = extra_args
+
+    def command(self) -> list[str]:
+        """The command line of the child."""
+        return rlpulse_command(
+            self.subcommand,
+            "--bootstrap",
+            self.bootstrap,
+            "--prefix",
+            self.prefix,
+            *self._options(),
+            *self.extra_args,
+        )
+
+    def _options(self) -> list[str]:
+        """The subcommand's own options, between ``--prefix`` and ``extra_args``."""
+        return []

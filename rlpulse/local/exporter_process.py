@@ -11,14 +11,16 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from rlpulse.local.broker import tail
-from rlpulse.local.child_process import ChildProcess, rlpulse_command
+from rlpulse.local.child_process import ServiceProcess
 from rlpulse.local.exceptions import ExporterProcessError
 
 __all__ = ["ExporterProcess"]
 
 
-class ExporterProcess(ChildProcess):
+class ExporterProcess(ServiceProcess):
     """Starts ``rlpulse exporter`` on 127.0.0.1:``port`` in a child process; scrapes it."""
+
+    subcommand = "exporter"
 
     def __init__(
         self,
@@ -29,34 +31,17 @@ class ExporterProcess(ChildProcess):
         namespace: str = "rlpulse",
         extra_args: tuple[str, ...] = (),
     ) -> None:
-        super().__init__(log_file)
-        self.bootstrap = bootstrap
-        self.prefix = prefix
+        super().__init__(bootstrap, prefix, log_file, extra_args=extra_args)
         self.port = port
         self.namespace = namespace
-        self.extra_args = extra_args
 
     @property
     def url(self) -> str:
         """Where the exporter serves its metrics."""
         return f"http://127.0.0.1:{self.port}/metrics"
 
-    def command(self) -> list[str]:
-        """The command line of the child."""
-        return rlpulse_command(
-            "exporter",
-            "--bootstrap",
-            self.bootstrap,
-            "--prefix",
-            self.prefix,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--namespace",
-            self.namespace,
-            *self.extra_args,
-        )
+    def _options(self) -> list[str]:
+        return ["--host", "127.0.0.1", "--port", str(self.port), "--namespace", self.namespace]
 
     def scrape(self, timeout_s: float = 10.0) -> str:
         """The exposition text of /metrics (raises ``OSError`` if it does not answer)."""

@@ -24,11 +24,10 @@ from typing import ClassVar, Final, Generic, Protocol, TypeVar
 
 from rlpulse.local.exceptions import LocalError
 from rlpulse.local.java import Progress, port_in_use, stop_pid, tail
+from rlpulse.transport.bootstrap import STATE_FILE
 
 __all__ = ["STATE_FILE", "LocalJavaService", "ServiceRecord", "configured_or_local"]
 
-STATE_FILE: Final = "state.json"
-"""The record of the running service, in its state directory."""
 REUSE_TIMEOUT_S: Final = 10.0
 """How long a recorded service has to answer before it is refused rather than reused."""
 PROBE_TIMEOUT_S: Final = 2.0

@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -34,9 +34,9 @@ from typing import Any, Final
 from rlpulse.local.child_process import free_port
 from rlpulse.local.exceptions import SearchError
 from rlpulse.local.java import MavenJars, Progress, find_java, require_tools
-from rlpulse.local.java_service import STATE_FILE, LocalJavaService, configured_or_local
+from rlpulse.local.java_service import LocalJavaService, configured_or_local
 from rlpulse.settings import Settings
-from rlpulse.transport.bootstrap import LOCAL_HOST, recorded_process_alive
+from rlpulse.transport.bootstrap import LOCAL_HOST, ProcessRecord
 
 __all__ = [
     "LocalSearch",
@@ -84,10 +84,11 @@ def request_json(
 
 
 @dataclass(frozen=True)
-class SearchRecord:
+class SearchRecord(ProcessRecord):
     """A running local OpenSearch node, as recorded in its state directory."""
 
-    pid: int
+    main_class = LAUNCHER_CLASS
+
     url: str
     http_port: int
     transport_port: int
@@ -95,20 +96,6 @@ class SearchRecord:
     heap: str
     log_file: str
     started_ns: int
-
-    @classmethod
-    def read(cls, state_dir: Path) -> SearchRecord | None:
-        """The node recorded in ``state_dir`` if its process is alive, else None."""
-        try:
-            record = cls(**json.loads((state_dir / STATE_FILE).read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-        return record if recorded_process_alive(record.pid, LAUNCHER_CLASS) else None
-
-    def write(self, state_dir: Path) -> None:
-        """Record this node in ``state_dir``."""
-        state_dir.mkdir(parents=True, exist_ok=True)
-        (state_dir / STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
 
 
 def search_url(settings: Settings) -> str:

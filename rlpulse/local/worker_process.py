@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rlpulse.local.broker import tail
-from rlpulse.local.child_process import ChildProcess, rlpulse_command
+from rlpulse.local.child_process import ServiceProcess
 from rlpulse.local.exceptions import WorkerProcessError
 from rlpulse.local.group_probe import group_stable, group_stable_in_child
 from rlpulse.settings import Settings, load_settings
@@ -16,8 +16,10 @@ from rlpulse.transport.clients import new_admin, worker_client_id
 __all__ = ["WorkerProcess"]
 
 
-class WorkerProcess(ChildProcess):
+class WorkerProcess(ServiceProcess):
     """Starts ``rlpulse worker`` in a child process and stops it by signal."""
+
+    subcommand = "worker"
 
     def __init__(
         self,
@@ -32,13 +34,10 @@ class WorkerProcess(ChildProcess):
         env: Mapping[str, str] | None = None,
         watch_settings: Settings | None = None,
     ) -> None:
-        super().__init__(log_file, env)
-        self.bootstrap = bootstrap
-        self.prefix = prefix
+        super().__init__(bootstrap, prefix, log_file, env, extra_args)
         self.rules = rules
         self.partitions = partitions
         self.grace_s = grace_s
-        self.extra_args = extra_args
         self.data_dir = data_dir or log_file.parent / f"{prefix}-worker-data"
         self.watch_settings = watch_settings
         """How :meth:`wait_consuming` reaches Kafka (default: ``bootstrap``, unsecured)."""
@@ -48,14 +47,8 @@ class WorkerProcess(ChildProcess):
         """The worker's consumer group."""
         return f"{self.prefix}-worker"
 
-    def command(self) -> list[str]:
-        """The command line of the child."""
-        return rlpulse_command(
-            "worker",
-            "--bootstrap",
-            self.bootstrap,
-            "--prefix",
-            self.prefix,
+    def _options(self) -> list[str]:
+        return [
             *(() if self.rules is None else ("--rules", self.rules)),
             "--partitions",
             str(self.partitions),
@@ -63,8 +56,7 @@ class WorkerProcess(ChildProcess):
             str(self.grace_s),
             "--data-dir",
             str(self.data_dir),
-            *self.extra_args,
-        )
+        ]
 
     def wait_consuming(self, timeout_s: float = 60.0) -> None:
         """Block until the worker's consumer group is stable with this worker in it.

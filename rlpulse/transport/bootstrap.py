@@ -17,18 +17,22 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar, Final, Self
 
 from rlpulse.settings import DEFAULT_BOOTSTRAP, Settings
 
 __all__ = [
     "BROKER_MAIN_CLASS",
+    "STATE_FILE",
     "BrokerRecord",
+    "ProcessRecord",
     "bootstrap_servers",
     "pid_alive",
     "recorded_process_alive",
 ]
 
-STATE_FILE = "state.json"
+STATE_FILE: Final = "state.json"
+"""The record of a running local process, in its state directory."""
 LOCAL_HOST = "127.0.0.1"
 """Where ``rlpulse broker up`` listens."""
 BROKER_MAIN_CLASS = "kafka.Kafka"
@@ -36,10 +40,39 @@ BROKER_MAIN_CLASS = "kafka.Kafka"
 
 
 @dataclass(frozen=True)
-class BrokerRecord:
-    """A running local broker, as recorded in its state directory."""
+class ProcessRecord:
+    """A process started on this machine, recorded as JSON in its state directory.
+
+    What ``status`` and ``down`` read from another process. A subclass adds its fields and
+    names its program's :attr:`main_class`, which tells the recorded process from a later one
+    given the same pid.
+    """
 
     pid: int
+    main_class: ClassVar[str]
+    """What the process's command line holds (see :func:`recorded_process_alive`)."""
+
+    @classmethod
+    def read(cls, state_dir: Path) -> Self | None:
+        """The process recorded in ``state_dir`` if it is alive, else None."""
+        try:
+            record = cls(**json.loads((state_dir / STATE_FILE).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        return record if recorded_process_alive(record.pid, cls.main_class) else None
+
+    def write(self, state_dir: Path) -> None:
+        """Record this process in ``state_dir``."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+
+@dataclass(frozen=True)
+class BrokerRecord(ProcessRecord):
+    """A running local broker, as recorded in its state directory."""
+
+    main_class = BROKER_MAIN_CLASS
+
     port: int
     controller_port: int
     bootstrap: str
@@ -50,21 +83,6 @@ class BrokerRecord:
     ca_file: str | None = None
     java: str | None = None
     """Which Java runs it (:meth:`~rlpulse.local.java.JavaRuntime.describe`)."""
-
-    @classmethod
-    def read(cls, state_dir: Path) -> BrokerRecord | None:
-        """The broker recorded in ``state_dir`` if its process is alive, else None."""
-        try:
-            data = json.loads((state_dir / STATE_FILE).read_text())
-            record = cls(**data)
-        except (OSError, ValueError, TypeError):
-            return None
-        return record if recorded_process_alive(record.pid, BROKER_MAIN_CLASS) else None
-
-    def write(self, state_dir: Path) -> None:
-        """Record this broker in ``state_dir``."""
-        state_dir.mkdir(parents=True, exist_ok=True)
-        (state_dir / STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
 
 
 def pid_alive(pid: int) -> bool:
