@@ -12,24 +12,26 @@ compute nodes without internet (``jars.offline_dir``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final, cast
+from typing import Annotated, cast
 
 import typer
 
 from rlpulse.cli.common import (
+    LOCAL_CONTROL_SKIPS,
     ConfigFile,
     Prefix,
     default_note,
     fail,
-    in_force,
     one_line_errors,
     out,
     say,
     setting_option,
     settings,
+    state_dir_option,
 )
 from rlpulse.local.broker import KafkaJars, LocalBroker
 from rlpulse.local.cluster import LocalCluster, is_cluster
+from rlpulse.settings import Settings
 from rlpulse.transport.roles import ROLES, Role, kafka_acls_commands, role_grants
 from rlpulse.transport.users import principal
 
@@ -42,17 +44,21 @@ acl_app = typer.Typer(help="The ACLs of rlpulse's roles.", no_args_is_help=True)
 broker_app.add_typer(user_app, name="user")
 broker_app.add_typer(acl_app, name="acl")
 
-LOCAL_CONTROL_SKIPS: Final = frozenset({"security"})
-"""What the broker commands do not read: they control a local process, and their Kafka clients
-use the broker's own admin credentials (:meth:`LocalBroker.client_settings`)."""
+StateDir = Annotated[Path | None, state_dir_option("the broker", "broker")]
 
-StateDir = Annotated[
-    Path | None,
-    typer.Option(
-        help="Where the broker keeps its state. "
-        + in_force("home", shown=lambda chosen: chosen.home / "broker")
-    ),
-]
+
+def _kafka_dir(chosen: Settings, state_dir: Path | None) -> Path:
+    """The directory of the local broker or cluster: ``--state-dir``, else ``home/broker``."""
+    return state_dir or chosen.home / "broker"
+
+
+def _local_kafka(config: Path | None, state_dir: Path | None) -> LocalBroker | LocalCluster:
+    """The local cluster if its directory holds one, else the local broker."""
+    chosen = settings(config, without=LOCAL_CONTROL_SKIPS)
+    where = _kafka_dir(chosen, state_dir)
+    if is_cluster(where):
+        return LocalCluster(chosen, state_dir=where)
+    return LocalBroker(chosen, state_dir=where)
 
 
 @broker_app.command("up")
@@ -84,7 +90,7 @@ def broker_up(
     """Start the local broker, or a local cluster (or report the running one)."""
     chosen = settings(config, {"broker.port": port}, without=LOCAL_CONTROL_SKIPS)
     progress = lambda message: say(f"{message}…")  # noqa: E731
-    where = state_dir or chosen.home / "broker"
+    where = _kafka_dir(chosen, state_dir)
     if nodes > 1 or is_cluster(where):
         if secure:
             raise fail(
@@ -112,12 +118,7 @@ def broker_up(
 @one_line_errors
 def broker_down(state_dir: StateDir = None, config: ConfigFile = None) -> None:
     """Stop the local broker (or every node of the local cluster): SIGTERM, then SIGKILL."""
-    chosen = settings(config, without=LOCAL_CONTROL_SKIPS)
-    where = state_dir or chosen.home / "broker"
-    if is_cluster(where):
-        stopped = LocalCluster(chosen, state_dir=where).down()
-    else:
-        stopped = LocalBroker(chosen, state_dir=state_dir).down()
+    stopped = _local_kafka(config, state_dir).down()
     out.print("Kafka stopped" if stopped else "Kafka was not running")
 
 
@@ -125,17 +126,10 @@ def broker_down(state_dir: StateDir = None, config: ConfigFile = None) -> None:
 @one_line_errors
 def broker_status(state_dir: StateDir = None, config: ConfigFile = None) -> None:
     """Say whether the local broker is up and where; exit 1 if it is down."""
-    chosen = settings(config, without=LOCAL_CONTROL_SKIPS)
-    where = state_dir or chosen.home / "broker"
-    if is_cluster(where):
-        cluster = LocalCluster(chosen, state_dir=where)
-        out.print(cluster.status(), highlight=False)
-        if not cluster.running():
-            raise typer.Exit(1)
-        return
-    broker = LocalBroker(chosen, state_dir=state_dir)
-    out.print(broker.status(), highlight=False)
-    if broker.info() is None:
+    kafka = _local_kafka(config, state_dir)
+    out.print(kafka.status(), highlight=False)
+    running = kafka.running() if isinstance(kafka, LocalCluster) else kafka.info() is not None
+    if not running:
         raise typer.Exit(1)
 
 

@@ -17,7 +17,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, Final, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,6 +28,7 @@ from rlpulse.exceptions import RlpulseError
 from rlpulse.settings import Settings, explain, load_settings
 
 __all__ = [
+    "LOCAL_CONTROL_SKIPS",
     "Bootstrap",
     "ConfigFile",
     "Prefix",
@@ -44,6 +45,7 @@ __all__ = [
     "say",
     "setting_option",
     "settings",
+    "state_dir_option",
 ]
 
 P = ParamSpec("P")
@@ -214,6 +216,23 @@ Bootstrap = Annotated[
 Prefix = Annotated[str | None, setting_option("prefix")]
 StartupTimeoutAlias = Annotated[float | None, alias("--startup-timeout", of="startup_timeout_s")]
 """``--startup-timeout``, the old spelling of ``--startup-timeout-s``."""
+
+LOCAL_CONTROL_SKIPS: Final = frozenset({"security"})
+"""What the commands that control a local process (``rlpulse broker``, ``rlpulse search``) do
+not read: the broker's Kafka clients use its own admin credentials
+(:meth:`~rlpulse.local.broker.LocalBroker.client_settings`), the search node has none."""
+
+
+def state_dir_option(holder: str, subdir: str) -> OptionInfo:
+    """The ``--state-dir`` option of a local process: where ``holder`` keeps its state.
+
+    Its default, shown in the help, is the directory ``subdir`` of the ``home`` setting.
+    """
+    option: OptionInfo = typer.Option(
+        help=f"Where {holder} keeps its state. "
+        + in_force("home", shown=lambda chosen: chosen.home / subdir)
+    )
+    return option
 
 
 def say(message: str) -> None:

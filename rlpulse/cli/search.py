@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated
 
 import typer
 
 from rlpulse.cli.common import (
+    LOCAL_CONTROL_SKIPS,
     ConfigFile,
     command_settings,
-    in_force,
     one_line_errors,
     out,
     say,
     setting_option,
     settings,
+    state_dir_option,
 )
 from rlpulse.local.opensearch import LocalSearch
 
@@ -24,16 +25,7 @@ search_app = typer.Typer(
     no_args_is_help=True,
 )
 
-LOCAL_CONTROL_SKIPS: Final = frozenset({"security"})
-"""What the search commands do not read: they control a local process that has no Kafka client."""
-
-StateDir = Annotated[
-    Path | None,
-    typer.Option(
-        help="Where the node keeps its state. "
-        + in_force("home", shown=lambda chosen: chosen.home / "search")
-    ),
-]
+StateDir = Annotated[Path | None, state_dir_option("the node", "search")]
 
 
 @search_app.command("up")

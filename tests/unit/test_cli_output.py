@@ -146,6 +146,14 @@ def test_help_shows_the_default_in_force(tmp_path: Path) -> None:
     assert f"[default: {tmp_path / 'broker'}, from env RLPULSE_HOME]" in broker
 
 
+def test_broker_status_and_down_find_a_stopped_local_cluster(tmp_path: Path) -> None:
+    (tmp_path / "home" / "broker" / "node-1").mkdir(parents=True)  # a cluster's first node
+    status = CliRunner().invoke(app, ["broker", "status"])
+    assert (status.exit_code, status.stdout) == (1, "node 1: down\n")
+    down = CliRunner().invoke(app, ["broker", "down"])
+    assert (down.exit_code, down.stdout) == (0, "Kafka was not running\n")
+
+
 def test_version() -> None:
     done = CliRunner().invoke(app, ["--version"])
     assert (done.exit_code, done.stdout) == (0, f"rlpulse {rlpulse.__version__}\n")
