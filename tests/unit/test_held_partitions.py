@@ -6,28 +6,28 @@ import asyncio
 
 from faust.types import TP
 
-from rlpulse.streams.worker.held_partitions import PartitionHoldings, holdings_line
+from rlpulse.streams.worker.held_partitions import HeldPartitionsLine, held_line
 
 
 def test_the_line_names_the_partitions_held_and_the_group() -> None:
-    assert holdings_line([4, 0, 2], 6, "rlpulse-worker", 2) == (
+    assert held_line([4, 0, 2], 6, "rlpulse-worker", 2) == (
         "holding events partitions 0, 2, 4 of 6 (group rlpulse-worker, 2 members)"
     )
-    assert holdings_line([0], 1, "g", 1) == "holding events partition 0 of 1 (group g, 1 member)"
-    assert holdings_line([1, 2], 3, "g", None) == "holding events partitions 1, 2 of 3 (group g)"
+    assert held_line([0], 1, "g", 1) == "holding events partition 0 of 1 (group g, 1 member)"
+    assert held_line([1, 2], 3, "g", None) == "holding events partitions 1, 2 of 3 (group g)"
 
 
 def test_a_worker_with_nothing_says_why_when_the_group_outnumbers_the_partitions() -> None:
-    assert holdings_line([], 6, "rlpulse-worker", 7) == (
+    assert held_line([], 6, "rlpulse-worker", 7) == (
         "holding no events partition: the group rlpulse-worker has 7 members for 6 partitions; "
         "more workers than `worker.partitions` stay idle"
     )
-    assert holdings_line([], 1, "g", 2).startswith(
+    assert held_line([], 1, "g", 2).startswith(
         "holding no events partition: the group g has 2 members for 1 partition;"
     )
     # Not outnumbered (or the count unknown): no cause is claimed.
-    assert holdings_line([], 6, "g", 3) == "holding no events partition of 6 (group g, 3 members)"
-    assert holdings_line([], 6, "g", None) == "holding no events partition of 6 (group g)"
+    assert held_line([], 6, "g", 3) == "holding no events partition of 6 (group g, 3 members)"
+    assert held_line([], 6, "g", None) == "holding no events partition of 6 (group g)"
 
 
 def test_one_line_per_rebalance_and_only_the_latest_of_two_quick_ones() -> None:
@@ -38,18 +38,18 @@ def test_one_line_per_rebalance_and_only_the_latest_of_two_quick_ones() -> None:
         answers.append(asyncio.get_running_loop().create_future())
         return await answers[-1]
 
-    holdings = PartitionHoldings("p.events", 3, "p-worker", said.append, members)
+    held = HeldPartitionsLine("p.events", 3, "p-worker", said.append, members)
     ticks, events = TP("p.ticks", 0), TP("p.events", 0)
 
     async def scenario() -> None:
-        await holdings.on_assigned(None, {events, ticks, TP("p.events", 2)}, signal=None)
+        await held.on_assigned(None, {events, ticks, TP("p.events", 2)}, signal=None)
         await asyncio.sleep(0.01)
         answers[0].set_result(1)
         await asyncio.sleep(0.01)
         assert said == ["holding events partitions 0, 2 of 3 (group p-worker, 1 member)"]
         # Two rebalances before the count of the first came: the first is not said.
-        await holdings.on_assigned(None, {events}, signal=None)
-        await holdings.on_assigned(None, {ticks}, signal=None)
+        await held.on_assigned(None, {events}, signal=None)
+        await held.on_assigned(None, {ticks}, signal=None)
         await asyncio.sleep(0.01)
         answers[1].set_result(2)
         answers[2].set_result(4)
@@ -68,10 +68,10 @@ def test_the_line_is_said_without_the_count_when_it_does_not_come() -> None:
     async def members() -> int | None:
         raise ConnectionError("coordinator gone")
 
-    holdings = PartitionHoldings("p.events", 3, "p-worker", said.append, members)
+    held = HeldPartitionsLine("p.events", 3, "p-worker", said.append, members)
 
     async def scenario() -> None:
-        await holdings.on_assigned(None, {TP("p.events", 1)}, signal=None)
+        await held.on_assigned(None, {TP("p.events", 1)}, signal=None)
         await asyncio.sleep(0.01)
 
     asyncio.run(scenario())

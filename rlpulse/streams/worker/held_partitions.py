@@ -27,7 +27,7 @@ from typing import Any, Final
 import faust
 from faust.types import TP
 
-__all__ = ["MEMBERS_TIMEOUT_S", "PartitionHoldings", "holdings_line"]
+__all__ = ["MEMBERS_TIMEOUT_S", "HeldPartitionsLine", "held_line"]
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ MEMBERS_TIMEOUT_S: Final = 5.0
 """How long the line waits for the group's member count before it is said without it."""
 
 
-def holdings_line(held: Iterable[int], partitions: int, group: str, members: int | None) -> str:
+def held_line(held: Iterable[int], partitions: int, group: str, members: int | None) -> str:
     """The line a worker says about the events partitions it holds after a rebalance."""
     chosen = sorted(set(held))
     count = "" if members is None else f", {_counted(members, 'member')}"
@@ -55,8 +55,8 @@ def _counted(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-class PartitionHoldings:
-    """Says :func:`holdings_line` once per rebalance (:meth:`attach` it to the app)."""
+class HeldPartitionsLine:
+    """Says :func:`held_line` once per rebalance (:meth:`attach` it to the app)."""
 
     def __init__(
         self,
@@ -96,4 +96,4 @@ class PartitionHoldings:
         except Exception as exc:  # the line is said without the count
             log.debug("the group's member count did not come: %r", exc)
         if rebalance == self._rebalances:  # else a newer rebalance says its own line
-            self._say(holdings_line(held, self.partitions, self.group, members))
+            self._say(held_line(held, self.partitions, self.group, members))

@@ -26,7 +26,7 @@ from rlpulse.settings import Settings
 from rlpulse.streams.rulebook import rule_book
 from rlpulse.streams.worker.app import WorkerApp
 from rlpulse.streams.worker.faust_consumer import SteadyConsumer
-from rlpulse.streams.worker.held_partitions import PartitionHoldings
+from rlpulse.streams.worker.held_partitions import HeldPartitionsLine
 from rlpulse.streams.worker.metrics import GcPauseTimer
 from rlpulse.transport.clients import new_admin
 from rlpulse.transport.exceptions import BrokerUnavailableError
@@ -87,7 +87,7 @@ def start_up(settings: Settings, say: Say) -> WorkerApp:
         consumer: SteadyConsumer = faust_app.consumer
         return consumer.group_members()
 
-    PartitionHoldings(
+    HeldPartitionsLine(
         topics.events,
         settings.worker.partitions,
         settings.worker_group,
