@@ -24,11 +24,10 @@ from rlpulse.cli.diagnose import diagnose
 from rlpulse.cli.exporter import exporter
 from rlpulse.cli.index import index
 from rlpulse.cli.query import query
-from rlpulse.cli.replay import replay
 from rlpulse.cli.rules import rules_app
 from rlpulse.cli.search import search_app
 from rlpulse.cli.show import show
-from rlpulse.cli.spool import spool_app
+from rlpulse.cli.spool import spool_app, spool_send
 from rlpulse.cli.trace import trace_app
 from rlpulse.cli.ui import ui
 from rlpulse.cli.worker import worker
@@ -74,7 +73,11 @@ app.command("worker")(worker)
 app.command("exporter")(exporter)
 app.command("demo")(demo)
 app.command("agent")(agent)
-app.command("replay", deprecated=True)(replay)
+app.command(
+    "replay",
+    deprecated=True,
+    help="Deprecated: the old spelling of `rlpulse spool send [DIR]`, which it runs.",
+)(spool_send)
 app.add_typer(spool_app, name="spool")
 app.command("aggregate")(aggregate)
 app.add_typer(archive_app, name="archive")

@@ -425,7 +425,7 @@ def test_replay_still_runs_spool_send_and_says_it_is_deprecated(
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "rlpulse replay is deprecated: use `rlpulse spool send [DIR]`" in result.stderr
+    assert "The command 'replay' is deprecated" in result.stderr
     assert "sent 5 record(s) from 1 write-ahead log(s)" in result.stdout
     read_topic(kafka_bootstrap, topics.events, 5)
     assert logs_under(tmp_path) == []
