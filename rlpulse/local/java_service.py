@@ -20,13 +20,13 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar, Final, Generic, Protocol, TypeVar
+from typing import ClassVar, Final, Generic, TypeVar
 
 from rlpulse.local.exceptions import LocalError
 from rlpulse.local.java import Progress, port_in_use, stop_pid, tail
-from rlpulse.transport.bootstrap import STATE_FILE
+from rlpulse.transport.bootstrap import STATE_FILE, ProcessRecord
 
-__all__ = ["STATE_FILE", "LocalJavaService", "ServiceRecord", "configured_or_local"]
+__all__ = ["STATE_FILE", "LocalJavaService", "configured_or_local"]
 
 REUSE_TIMEOUT_S: Final = 10.0
 """How long a recorded service has to answer before it is refused rather than reused."""
@@ -38,21 +38,7 @@ NOTE_EVERY_S: Final = 15.0
 STOP_AFTER_FAILED_START_S: Final = 5.0
 
 
-class ServiceRecord(Protocol):
-    """What the record of any running service holds: its process and its log."""
-
-    @property
-    def pid(self) -> int:
-        """The JVM's process id."""
-        ...
-
-    @property
-    def log_file(self) -> str:
-        """The service's own log."""
-        ...
-
-
-RecordT = TypeVar("RecordT", bound=ServiceRecord)
+RecordT = TypeVar("RecordT", bound=ProcessRecord)
 
 Launched = tuple[subprocess.Popen[bytes], RecordT]
 """A service just started: its JVM and its record, before it answers."""

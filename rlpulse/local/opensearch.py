@@ -94,8 +94,6 @@ class SearchRecord(ProcessRecord):
     transport_port: int
     version: str
     heap: str
-    log_file: str
-    started_ns: int
 
 
 def search_url(settings: Settings) -> str:

@@ -49,6 +49,9 @@ class ProcessRecord:
     """
 
     pid: int
+    log_file: str
+    """The process's own log."""
+    started_ns: int
     main_class: ClassVar[str]
     """What the process's command line holds (see :func:`recorded_process_alive`)."""
 
@@ -77,8 +80,6 @@ class BrokerRecord(ProcessRecord):
     controller_port: int
     bootstrap: str
     kafka_version: str
-    log_file: str
-    started_ns: int
     secure: bool = False
     ca_file: str | None = None
     java: str | None = None

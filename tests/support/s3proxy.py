@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import secrets
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from rlpulse.local.java import MavenJars, Progress, find_java
 from rlpulse.local.java_service import LocalJavaService
 from rlpulse.local.private_files import write_private
 from rlpulse.settings import ArchiveSettings
-from rlpulse.transport.bootstrap import LOCAL_HOST
+from rlpulse.transport.bootstrap import LOCAL_HOST, ProcessRecord
 
 __all__ = ["S3Proxy", "S3ProxyJars", "S3ProxyRecord"]
 
@@ -61,13 +62,13 @@ class S3ProxyJars(MavenJars):
 
 
 @dataclass(frozen=True)
-class S3ProxyRecord:
-    """The running server: its process, endpoint, version and log."""
+class S3ProxyRecord(ProcessRecord):
+    """The running server: its process and log, endpoint and version."""
 
-    pid: int
+    main_class = MAIN_CLASS
+
     endpoint: str
     version: str
-    log_file: str
 
 
 class S3Proxy(LocalJavaService[S3ProxyRecord]):
@@ -155,7 +156,11 @@ class S3Proxy(LocalJavaService[S3ProxyRecord]):
         )
         self.process = self._spawn(command)
         self.record = S3ProxyRecord(
-            self.process.pid, self.endpoint, jars.version, str(self.log_file)
+            pid=self.process.pid,
+            log_file=str(self.log_file),
+            started_ns=time.time_ns(),
+            endpoint=self.endpoint,
+            version=jars.version,
         )
         return self.process, self.record
 
