@@ -28,6 +28,7 @@ __all__ = [
     "ProcessRecord",
     "bootstrap_servers",
     "pid_alive",
+    "process_started_ns",
     "recorded_process_alive",
 ]
 
@@ -133,6 +134,25 @@ def recorded_process_alive(pid: int, marker: str) -> bool:
 
 
 _PROC = Path("/proc")
+
+
+def process_started_ns(pid: int) -> int | None:
+    """When process ``pid`` started, in Unix nanoseconds (to about a second), from ``/proc``.
+
+    None where it cannot be told: no ``/proc`` (macOS), or the process is gone. With the time
+    a process of ours left behind (a log's creation), it tells whether ``pid`` still names
+    that process or a newer one that was given its number.
+    """
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+        boot = next(
+            line for line in (_PROC / "stat").read_text().splitlines() if line.startswith("btime ")
+        )
+        ticks = int(stat[stat.rfind(")") + 2 :].split()[19])  # field 22, starttime
+        boot_s = int(boot.split()[1])
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return boot_s * 1_000_000_000 + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def local_broker_dir(settings: Settings) -> Path:

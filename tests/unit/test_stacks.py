@@ -15,6 +15,7 @@ import pytest
 from rlpulse.offline.stacks import describe_groups, group_ranks
 from rlpulse.producers.caller.stacks import signal_number
 from rlpulse.producers.delivery.stacks import RankProcess, take_stacks
+from rlpulse.producers.delivery.wal import LogMeta
 from rlpulse.schemas.stacks import RankStacks, parse_dump, render
 
 CHILD = textwrap.dedent(
@@ -88,6 +89,23 @@ def test_the_agent_takes_a_blocked_process_stacks_and_reports_a_gone_one(
     assert all(any("in waits_for_a_peer_forever" in f for f in t.frames) for t in threads)
     first = parse_dump(render(threads, loop))[0]
     assert first.ident == loop  # the training loop's thread comes first
+
+
+def test_a_pid_given_to_a_newer_process_is_never_signalled(tmp_path: Path) -> None:
+    """A rank that died long ago may share its pid with a live process (pids wrap): the agent
+    reports the rank gone and leaves that process alone (the signal's default would end it)."""
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    made_long_before = time.time_ns() - 3_600_000_000_000
+    meta = LogMeta(tmp_path, "run", "p-1", "events", "logs", made_long_before, pid=stranger.pid)
+    rank = RankProcess(stranger.pid, signal.SIGRTMIN + 3, tmp_path / "rank.stacks", [meta])
+    try:
+        time.sleep(0.5)
+        take_stacks([rank], wait_s=1.0)
+        assert stranger.poll() is None  # not signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert rank.outcome == "gone"
 
 
 def test_a_process_stuck_in_c_holding_the_gil_answers_the_signal(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ the logs the agent serves or served) it:
   thread that made the rank's logger (its training loop) first, the rank's last step (its
   newest event in the write-ahead log), the host and pid, the command id and an ``outcome``:
   ``stacks`` (with ``via``: ``thread`` or ``signal``); ``gone`` (the process no longer exists,
-  a record at ERROR); ``silent`` (alive, but no dump within ``wait_s``); ``unregistered`` (it
-  registered no signal).
+  or its pid now names a process that started after the rank's logs were made: that one is
+  never signalled; a record at ERROR); ``silent`` (alive, but no dump within ``wait_s``);
+  ``unregistered`` (it registered no signal).
 
 All processes are signalled first, then waited for together: a capture costs one ``wait_s``
 at most, however many processes are silent.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -43,7 +45,7 @@ from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.records import ControlCommand, LogBatch, LogEntry
 from rlpulse.schemas.signing import signature_problem
 from rlpulse.schemas.stacks import STACKS_LOGGER, parse_dump, render, request_path
-from rlpulse.transport.bootstrap import pid_alive
+from rlpulse.transport.bootstrap import pid_alive, process_started_ns
 
 __all__ = ["RankProcess", "StackTaker", "processes_of", "stack_records", "take_stacks"]
 
@@ -54,6 +56,7 @@ _SETTLE_S: Final = 0.1  # a dump is whole once its file stopped growing for this
 _LOOK_S: Final = 0.02
 _POLL_S: Final = 1.0
 _KEPT_IDS: Final = 1024
+_CLOCK_SLACK_NS: Final = 2_000_000_000  # a process's start time is known to about a second
 
 
 @dataclass
@@ -70,6 +73,7 @@ class RankProcess:
     """How the stacks were asked for: ``thread`` (its FIFO) or ``signal`` (faulthandler)."""
     _start: int = 0
     _signal_at: float | None = None
+    _pidfd: int | None = None
 
 
 def processes_of(run_id: str, logs: Iterable[LogMeta]) -> list[RankProcess]:
@@ -93,7 +97,8 @@ def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
     waiting: list[RankProcess] = []
     now = time.monotonic()
     for process in processes:
-        if not pid_alive(process.pid):
+        process._pidfd = _pidfd(process.pid)
+        if not pid_alive(process.pid) or _reused(process):
             process.outcome = "gone"
             continue
         if process.signum is None or process.path is None:
@@ -127,6 +132,31 @@ def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
     for process in waiting:
         if not pid_alive(process.pid):
             process.outcome = "gone"
+    for process in processes:
+        if process._pidfd is not None:
+            os.close(process._pidfd)
+            process._pidfd = None
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor of the process ``pid`` names now, to signal that one and no later one."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # gone, or no pidfd (Linux before 5.3)
+        return None
+
+
+def _reused(process: RankProcess) -> bool:
+    """Whether the pid names a process started after the rank's logs were made: not the rank.
+
+    Pids wrap (at 32,768 on a default Linux), so a rank that died long ago may share its number
+    with a live process; that one must not get the signal, whose default action ends it.
+    """
+    started = process_started_ns(process.pid)
+    made = min((meta.created_ns for meta in process.logs), default=None)
+    return started is not None and made is not None and started > made + _CLOCK_SLACK_NS
 
 
 def _ask(stacks_file: Path) -> bool:
@@ -149,7 +179,10 @@ def _signal(process: RankProcess) -> bool:
     assert process.signum is not None
     process.via = "signal"
     try:
-        os.kill(process.pid, process.signum)
+        if process._pidfd is not None:
+            signal.pidfd_send_signal(process._pidfd, process.signum)
+        else:
+            os.kill(process.pid, process.signum)
     except ProcessLookupError:
         process.outcome = "gone"
         return False
