@@ -94,6 +94,16 @@ def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
 
     A process whose thread has not answered within half of ``wait_s`` is sent its signal.
     """
+    try:
+        _ask_and_wait(processes, wait_s)
+    finally:
+        for process in processes:
+            if process._pidfd is not None:
+                os.close(process._pidfd)
+                process._pidfd = None
+
+
+def _ask_and_wait(processes: Sequence[RankProcess], wait_s: float) -> None:
     waiting: list[RankProcess] = []
     now = time.monotonic()
     for process in processes:
@@ -132,10 +142,6 @@ def take_stacks(processes: Sequence[RankProcess], wait_s: float) -> None:
     for process in waiting:
         if not pid_alive(process.pid):
             process.outcome = "gone"
-    for process in processes:
-        if process._pidfd is not None:
-            os.close(process._pidfd)
-            process._pidfd = None
 
 
 def _pidfd(pid: int) -> int | None:
