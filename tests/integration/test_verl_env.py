@@ -9,13 +9,16 @@ cluster then reports what it sees.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +47,7 @@ def ray_cluster(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     env = clean_env(tmp_path)
     sockets = Path(tempfile.mkdtemp(prefix="rl-ray-", dir="/tmp"))  # short: Unix socket paths
-    subprocess.run(
+    starter = subprocess.Popen(
         [
             *RAY,
             "start",
@@ -57,17 +60,37 @@ def ray_cluster(tmp_path: Path) -> Iterator[str]:
             f"--temp-dir={sockets}",
         ],
         env=env,
-        check=True,
-        capture_output=True,
-        timeout=180,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the cluster's processes are one group: ours to stop alone
     )
+    said, _ = starter.communicate(timeout=180)
     try:
+        assert starter.returncode == 0, said
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run(
-            [*RAY, "stop", "--force"], env=env, capture_output=True, timeout=120, check=False
-        )
+        stop_group(starter.pid)
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+def stop_group(group: int) -> None:
+    """End the processes of one process group: SIGTERM, then SIGKILL after 30 s.
+
+    Not `ray stop`: it ends every Ray process on the machine, and with it the cluster another
+    xdist worker's test runs on (test_verl_trainer.py's raylet died mid-test that way).
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
 
 
 def test_worker_env_holds_the_run_and_never_a_secret() -> None:
