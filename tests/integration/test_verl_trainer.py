@@ -171,15 +171,7 @@ def ray_cluster() -> Iterator[None]:
     """A Ray cluster of this machine's 2 CPUs and no GPU, started for these tests."""
     import ray
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        # The suite keeps both cores busy: with Ray's default (about 15 s of missed health
-        # checks) its node was once declared dead mid-test. A minute is still a bound.
-        _system_config={"health_check_period_ms": 5000, "health_check_failure_threshold": 12},
-    )
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:
