@@ -13,6 +13,7 @@ reading it is a small file read and a signal-0 check of the recorded pid.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -143,16 +144,25 @@ def process_started_ns(pid: int) -> int | None:
     a process of ours left behind (a log's creation), it tells whether ``pid`` still names
     that process or a newer one that was given its number.
     """
+    boot_s = _boot_s()
+    if boot_s is None:
+        return None
     try:
         stat = (_PROC / str(pid) / "stat").read_text()
-        boot = next(
-            line for line in (_PROC / "stat").read_text().splitlines() if line.startswith("btime ")
-        )
         ticks = int(stat[stat.rfind(")") + 2 :].split()[19])  # field 22, starttime
-        boot_s = int(boot.split()[1])
-    except (OSError, StopIteration, ValueError, IndexError):
+    except (OSError, ValueError, IndexError):
         return None
     return boot_s * 1_000_000_000 + ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def _boot_s() -> int | None:
+    """When this machine booted (Unix seconds, ``/proc/stat``'s ``btime``); read once."""
+    try:
+        lines = (_PROC / "stat").read_text().splitlines()
+        return int(next(line for line in lines if line.startswith("btime ")).split()[1])
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
 
 
 def local_broker_dir(settings: Settings) -> Path:
