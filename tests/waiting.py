@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 
 def wait_for(
-    condition: Callable[[], bool],
+    condition: Callable[[], object],
     what: str,
     timeout_s: float = 120.0,
     every_s: float = 0.2,

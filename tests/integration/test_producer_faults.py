@@ -48,6 +48,7 @@ from tests.integration.killed_rank import TWO_THREADS, Accepted
 from tests.integration.scrape import scrape
 from tests.integration.scripted_run import consume_all
 from tests.kafka import settings_at
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -212,11 +213,17 @@ def assert_exactly_once(events: list[TrainerEvent], expected: set[EventId]) -> i
 
 
 def assert_no_log_left(spool_dir: Path) -> None:
-    """The host's agent deletes each log once its writer is gone and all of it arrived."""
-    deadline = time.monotonic() + 30
-    while logs_under(spool_dir) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert logs_under(spool_dir) == [], f"write-ahead logs left: {logs_under(spool_dir)}"
+    """The host's agent deletes each log once its writer is gone and all of it arrived.
+
+    It asserts the end state: the logs the agent deletes while it looks are not an error.
+    """
+    wait_for(
+        lambda: not logs_under(spool_dir),
+        "the host's agent to send and delete every write-ahead log",
+        timeout_s=30.0,
+        every_s=0.1,
+        state=lambda: f"write-ahead logs left: {logs_under(spool_dir)}",
+    )
 
 
 def assert_steps_summarised(
@@ -301,13 +308,6 @@ def test_b_broker_stopped_30s_mid_run(broker: LocalBroker, tmp_path: Path) -> No
     events = events_on_topic(bootstrap_of(broker), topics.events)
     on_wire = assert_exactly_once(events, ranks.expected_ids())
     assert_steps_summarised(broker, topics, ranks, tmp_path / "worker.log", on_wire)
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 # -- (d) issue 22, and the host agent: SIGKILL mid-run; nobody of the run comes back --------

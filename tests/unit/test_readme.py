@@ -8,10 +8,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def setup_commands() -> list[str]:
+def setup_section() -> str:
+    """The README's "Set up on a fresh machine" section."""
     text = (ROOT / "README.md").read_text()
-    section = text.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```bash\n(.+?)\n```", section)
+    return text.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+
+
+def setup_commands() -> list[str]:
+    return re.findall(r"```bash\n(.+?)\n```", setup_section())
 
 
 def test_readme_has_exactly_two_setup_commands() -> None:
@@ -28,9 +32,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_ci_installs_the_system_packages_the_readme_names() -> None:
     """A newcomer with what the README's set-up names has everything CI has."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
-    (packages,) = re.findall(r"`(apt-get [^`]+)`", section)
+    (packages,) = re.findall(r"`(apt-get [^`]+)`", setup_section())
     ci = (ROOT / ".ci" / "run").read_text()
     assert packages in ci.splitlines()
     assert ci.count("apt-get install") == 1  # CI installs nothing else

@@ -4,9 +4,11 @@ it, the writer sees its sender delete segments, claims are exclusive."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -259,3 +261,35 @@ def test_a_log_of_an_earlier_protocol_is_read_with_its_own_crc(tmp_path: Path) -
     assert [(frame.seq, frame.payload) for frame in reader.frames(0)] == [(4, payload)]
     reader.close()
     assert read_all(directory) == []  # read as this protocol, its CRC does not hold
+
+
+def test_logs_under_passes_over_logs_deleted_while_it_looks(tmp_path: Path) -> None:
+    """``rlpulse spool list`` and the tests look while the host's agent deletes sent logs."""
+    spool = tmp_path / "spool"
+    kept = spool / "run-k" / "p-kept"
+    kept.mkdir(parents=True)
+    (kept / "000000.wal").write_bytes(b"")
+    stop = threading.Event()
+
+    def delete_and_remake() -> None:
+        while not stop.is_set():
+            for number in range(40):
+                log = spool / f"run-{number}" / "p-1"
+                log.mkdir(parents=True, exist_ok=True)
+                (log / "000000.wal").write_bytes(b"")
+            for number in range(40):
+                shutil.rmtree(spool / f"run-{number}", ignore_errors=True)
+
+    deleter = threading.Thread(target=delete_and_remake)
+    deleter.start()
+    try:
+        for _ in range(300):
+            found = logs_under(spool)
+            assert kept in found
+            assert all(path.name.startswith("p-") for path in found)
+    finally:
+        stop.set()
+        deleter.join()
+    assert logs_under(spool) == [kept]
+    assert logs_under(tmp_path / "no-such") == []
+    assert logs_under(kept) == [kept]

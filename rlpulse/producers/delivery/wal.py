@@ -376,11 +376,15 @@ def logs_under(root: Path) -> list[Path]:
     """Every producer log with a segment under ``root`` (a log, a run's or the spool root).
 
     Only logs with a segment count: a writer makes its first segment after taking its claim,
-    so a directory without one may be a live writer that has not taken its claim yet.
+    so a directory without one may be a live writer that has not taken its claim yet. A
+    directory the host's agent deletes during the walk is left out, not an error: the walk
+    is a look while the agent works (``os.walk`` passes over what vanished under it).
     """
-    if not root.is_dir():
-        return []
-    return sorted({path.parent for path in root.rglob(f"*{SEGMENT_SUFFIX}") if path.is_file()})
+    found: set[Path] = set()
+    for directory, _, files in os.walk(root):
+        if any(name.endswith(SEGMENT_SUFFIX) for name in files):
+            found.add(Path(directory))
+    return sorted(found)
 
 
 def logs_in(directory: Path) -> list[Path]:
