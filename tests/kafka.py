@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ProducerSettings, Settings
@@ -44,6 +44,50 @@ def read_all(
     try:
         while time.monotonic() < deadline and not done(messages):
             batch = consumer.consume(500, timeout=0.5)
+            messages += [m for m in batch if m.error() is None]
+    finally:
+        consumer.close()
+    return messages
+
+
+def read_to_end(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
+    """The messages of ``topic`` from its start to its end as it is now (each partition's high
+    watermark when called); fails naming the partitions not read that far in ``timeout_s``.
+
+    For "everything on the topic" once what a test waits for is there: no time window decides
+    how much of it is read.
+    """
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "enable.partition.eof": False,
+    })  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    try:
+        numbers = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
+        ends: dict[int, int] = {}
+        for number in numbers:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, number), timeout=timeout_s
+            )
+            if high > low:
+                ends[number] = high
+        consumer.assign([TopicPartition(topic, n, OFFSET_BEGINNING) for n in ends])
+        messages: list[Any] = []
+
+        def behind() -> dict[int, tuple[int, int]]:
+            """Partition -> (position, end) of each not read to its end yet."""
+            positions = consumer.position([TopicPartition(topic, n) for n in ends])
+            return {
+                p.partition: (p.offset, ends[p.partition])
+                for p in positions
+                if p.offset < ends[p.partition]
+            }
+
+        while ends and behind():
+            assert time.monotonic() < deadline, (
+                f"{topic} not read to its end in {timeout_s:g} s: (position, end) {behind()}"
+            )
+            batch = consumer.consume(500, timeout=0.2)
             messages += [m for m in batch if m.error() is None]
     finally:
         consumer.close()

@@ -133,6 +133,21 @@ class Prometheus(ChildProcess):
             time.sleep(0.5)
         pytest.fail(f"prometheus: {expr} returned nothing within {timeout_s:.0f} s")
 
+    def wait_scraped_after(self, moment: float, timeout_s: float = 60.0) -> None:
+        """Poll until every target's newest scrape began after ``moment`` (``time.time()``):
+        what each served from then on is in (``timestamp(up)``: when each was last scraped)."""
+        deadline = time.monotonic() + timeout_s
+        scrapes: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            scrapes = self.query("timestamp(up)")
+            if scrapes and all(float(scrape["value"][1]) > moment for scrape in scrapes):
+                return
+            time.sleep(0.2)
+        pytest.fail(
+            f"prometheus: not every target scraped after {moment:.3f} within {timeout_s:.0f} s: "
+            f"{scrapes}"
+        )
+
 
 class Alertmanager(ChildProcess):
     """compose/'s Alertmanager config, its webhook receiver pointed at ``webhook_url``."""

@@ -33,7 +33,7 @@ from rlpulse.producers import ControlClient, EventLogger
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import CommandAck, ControlCommand, StepSummary
 from rlpulse.schemas.topics import REASON_HEADER, Topics
-from tests.kafka import read_all, settings_at
+from tests.kafka import read_all, read_to_end, settings_at
 
 RANKS = 4
 STEPS = 60
@@ -246,12 +246,53 @@ def until_ids(
     return enough
 
 
+def until_every_step_whole(
+    run_id: str, decode: Callable[[bytes], StepSummary], settle_s: float = 2.0
+) -> Callable[[list[bytes]], bool]:
+    """A ``consume_all`` stop: the newest revision of each of ``run_id``'s steps (every stage,
+    steps 1 to ``STEPS``) holds all ``RANKS`` ranks, then ``settle_s`` more.
+
+    A rank that arrives after the grace period makes a revision, some time later: this waits
+    for it rather than for a while. Each call decodes only the values new since the last one.
+    """
+    steps = {(stage, step) for stage in STAGES for step in range(1, STEPS + 1)}
+    newest: dict[tuple[str, int], StepSummary] = {}
+    looked, settle = [0], [0.0]
+
+    def enough(values: list[bytes]) -> bool:
+        for value in values[looked[0] :]:
+            summary = decode(value)
+            key = (summary["stage"], summary["step"])
+            if summary["run_id"] == run_id and (
+                key not in newest or summary["revision"] > newest[key]["revision"]
+            ):
+                newest[key] = summary
+        looked[0] = len(values)
+        whole = all(k in newest and len(newest[k]["ranks_reported"]) == RANKS for k in steps)
+        if not settle[0] and whole:
+            settle[0] = time.monotonic() + settle_s
+        return bool(settle[0]) and time.monotonic() >= settle[0]
+
+    return enough
+
+
 def summaries_of(
-    bootstrap: str, topics: Topics, run_id: str, want: int, timeout_s: float, settle_s: float = 2.0
+    bootstrap: str,
+    topics: Topics,
+    run_id: str,
+    want: int,
+    timeout_s: float,
+    settle_s: float = 2.0,
+    *,
+    whole: bool = False,
 ) -> list[StepSummary]:
-    """Every StepSummary of ``run_id`` on the steps topic, once ``want`` distinct ids arrived."""
+    """Every StepSummary of ``run_id`` on the steps topic, once ``want`` distinct ids arrived
+    (``whole``: once the newest revision of every step holds every rank), then ``settle_s``."""
     codec = default_codec()
-    enough = until_ids({run_id: want}, codec.decode_summary, "summary_id", settle_s)
+    if whole:
+        enough = until_every_step_whole(run_id, codec.decode_summary, settle_s)
+    else:
+        enough = until_ids({run_id: want}, codec.decode_summary, "summary_id", settle_s)
     raw = consume_all(bootstrap, topics.steps, enough, timeout_s)
     return [s for s in map(codec.decode_summary, raw) if s["run_id"] == run_id]
 
@@ -273,9 +314,9 @@ def acks_of(
 
 
 def commands_on_topic(
-    bootstrap: str, topics: Topics, run_id: str, timeout_s: float = 5.0
+    bootstrap: str, topics: Topics, run_id: str, timeout_s: float = 60.0
 ) -> list[ControlCommand]:
     """Everything on the control topic for ``run_id`` (raw, before the client's dedupe)."""
     codec = default_codec()
-    raw = consume_all(bootstrap, topics.control, lambda _v: False, timeout_s)
+    raw = [m.value() for m in read_to_end(bootstrap, topics.control, timeout_s)]
     return [c for c in map(codec.decode_command, raw) if c["run_id"] == run_id]

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,12 +43,9 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import AgentSettings, ProducerSettings
 from rlpulse.transport.topics import ensure_topics
 from tests.integration.killed_rank import TWO_THREADS, Accepted
-from tests.integration.test_producer_faults import (
-    events_on_topic,
-    log_records_on_topic,
-    wait_for,
-)
+from tests.integration.test_producer_faults import events_on_topic, log_records_on_topic
 from tests.kafka import settings_at
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -142,6 +140,7 @@ from rlpulse.producers import EventLogger, Settings
 bootstrap, prefix, spool, run_id, rank, go = sys.argv[1:7]
 settings = Settings(bootstrap=bootstrap, prefix=prefix, producer={"spool_dir": Path(spool)})
 logger = EventLogger(run_id, rank=int(rank), world_size=8, settings=settings)
+Path(go).with_name(f"built-{rank}").touch()
 while not Path(go).exists():
     time.sleep(0.001)
 for step in range(20):
@@ -174,7 +173,8 @@ def test_eight_ranks_started_at_once_start_one_agent(
         )
         for rank in range(8)
     ]
-    time.sleep(1.0)  # every rank built its logger
+    built = [tmp_path / f"built-{rank}" for rank in range(8)]
+    wait_for(lambda: all(path.exists() for path in built), "every rank to build its logger", 60.0)
     go.touch()
     results = []
     for rank in ranks:
@@ -229,6 +229,15 @@ def test_an_agent_killed_mid_run_loses_and_repeats_nothing(
     spool = tmp_path / "spool"
     child, lines = run_child(RANKS_IN_THREADS, kafka_bootstrap, topics.prefix, str(spool), "15")
     killed: list[int] = []
+
+    def acked() -> int:
+        """The frames Kafka acknowledged, over the ranks' logs (their ``acked`` files)."""
+        return sum(AckFile.read(log).frames for log in logs_under(spool))
+
+    def sends(beyond: int) -> Callable[[], bool]:
+        """Whether the agent acknowledged more than ``beyond`` frames (a condition to wait for)."""
+        return lambda: acked() > beyond
+
     try:
         wait_for(lambda: lines, "the ranks to start", 60.0)
         for _ in range(3):
@@ -240,7 +249,7 @@ def test_an_agent_killed_mid_run_loses_and_repeats_nothing(
                 return pid if isinstance(pid, int) and pid not in killed else None
 
             wait_for(agent_pid, "an agent to run", 30.0)
-            time.sleep(2.0)
+            wait_for(sends(acked()), "the agent to send some of the ranks' frames", 30.0)
             pid = agent_pid()
             assert pid is not None
             os.kill(pid, signal.SIGKILL)

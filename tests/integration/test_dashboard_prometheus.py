@@ -270,7 +270,7 @@ def test_every_dashboard_panel_returns_the_runs_series(
         prometheus.wait_for(f'ALERTS{{alertname="RlpulseRunStopped", {selector}}}')
         prometheus.wait_for(f"rlpulse_run_ended{{{selector}}} == 1")
         prometheus.wait_for('rlpulse_dlq_messages_total{reason="undecodable"} == 1')
-        time.sleep(2.0)  # every target scraped once more after the last change
+        prometheus.wait_scraped_after(time.time())  # every target once more after the last change
         ended = time.time()
         exporter_series = exporter.value("rlpulse_exporter_series")
         assert exporter_series is not None and exporter_series > 0

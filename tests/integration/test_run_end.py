@@ -12,6 +12,7 @@ The verl backend's one ``run_end`` from verl's own trainers is checked in
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -230,12 +231,13 @@ def test_a_killed_run_is_audited_after_its_silence_and_again_when_resumed(
         finally:
             kill_group(trainer)
         assert trainer.returncode != 0, log[-5000:]  # torchrun: its ranks died
-        killed_at = time.monotonic()
         (silent,) = audits_of(archiver, topics, run_id)
-        assert time.monotonic() - killed_at >= silent_s
         assert run_ends(kafka_bootstrap, topics, run_id) == []
         assert silent["producers"] == 2 and silent["received"] >= 2 * 5, silent
-        assert "The run sent no run_end: audited after" in silent["summary"], silent
+        # How long the archiver had heard nothing of the run when it audited it (its own clock,
+        # from the last event it read): the setting at least.
+        quiet = re.search(r"The run sent no run_end: audited after (\d+) s", silent["summary"])
+        assert quiet is not None and int(quiet[1]) >= silent_s, silent
         assert f"audit: run {run_id}:" in archiver.log_text()
         print(silent["summary"])
 

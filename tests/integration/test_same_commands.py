@@ -26,7 +26,7 @@ from rlpulse.settings import JoinerSettings
 from rlpulse.transport.clients import trainer_producer
 from tests.integration.scrape import scrape
 from tests.integration.scripted_run import consume_all
-from tests.kafka import settings_at
+from tests.kafka import read_to_end, settings_at
 
 pytestmark = pytest.mark.broker
 
@@ -72,8 +72,8 @@ def test_worker_and_backtest_issue_identical_commands(
 
         published = consume_all(kafka_bootstrap, topics.control, all_came, timeout_s=120)
         summaries = [
-            codec.decode_summary(value)
-            for value in consume_all(kafka_bootstrap, topics.steps, lambda _v: False, 5.0)
+            codec.decode_summary(message.value())
+            for message in read_to_end(kafka_bootstrap, topics.steps)
         ]
         counters = scrape(f"http://127.0.0.1:{port}/metrics")
     got: list[ControlCommand] = [codec.decode_command(value) for value in published]

@@ -36,7 +36,7 @@ from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
 from rlpulse.ui.data import run_data
 from rlpulse.ui.server import UiServer
-from tests.kafka import read_all, settings_at
+from tests.kafka import read_all, read_to_end, settings_at
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.browser]
@@ -127,7 +127,7 @@ def test_a_hung_rank_is_named_by_the_stacks_the_agent_takes(
             batches = stack_batches(kafka_bootstrap, topics, run_id, WORLD)
             commands = [
                 CODEC.decode_command(message.value())
-                for message in read_all(kafka_bootstrap, topics.control, lambda _: False, 2.0)
+                for message in read_to_end(kafka_bootstrap, topics.control)
             ]
             by_hand = rlpulse(
                 kafka_bootstrap, topics, "control", "stacks", run_id, "--rank-wait", "5"

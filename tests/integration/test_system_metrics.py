@@ -16,17 +16,17 @@ from rlpulse.producers import RunLink
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.records import TrainerEvent
 from rlpulse.schemas.topics import Topics
-from tests.integration.scripted_run import consume_all
 from tests.integration.test_producer_faults import log_records_on_topic
-from tests.kafka import settings_at
+from tests.kafka import read_to_end, settings_at
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 
 
-def events_of(bootstrap: str, topics: Topics, run_id: str, timeout_s: float) -> list[TrainerEvent]:
+def events_of(bootstrap: str, topics: Topics, run_id: str) -> list[TrainerEvent]:
+    """The run's events on the topic (every link was closed: all of them are there)."""
     codec = default_codec()
-    raw = consume_all(bootstrap, topics.events, lambda _values: False, timeout_s)
+    raw = [message.value() for message in read_to_end(bootstrap, topics.events)]
     return [e for e in map(codec.decode_event, raw) if e["run_id"] == run_id]
 
 
@@ -58,9 +58,7 @@ def test_each_rank_samples_its_process_off_the_training_thread(
     for link in (*links, quiet):
         link.close()
     closed_at = time.time_ns()
-    system = [
-        e for e in events_of(kafka_bootstrap, topics, "sampled", 5.0) if e["stage"] == "system"
-    ]
+    system = [e for e in events_of(kafka_bootstrap, topics, "sampled") if e["stage"] == "system"]
     for rank in (0, 1):
         mine = [e for e in system if e["rank"] == rank]
         assert len(mine) >= 5, mine
@@ -78,7 +76,7 @@ def test_each_rank_samples_its_process_off_the_training_thread(
         assert cpu == sorted(cpu) and cpu[0] > 0
         assert all(e["metrics"]["process_resident_memory_bytes"] > 0 for e in mine)
         assert all(e["world_size"] == 2 for e in mine)
-    quiet_events = events_of(kafka_bootstrap, topics, "quiet", 2.0)
+    quiet_events = events_of(kafka_bootstrap, topics, "quiet")
     # off unless set; close() ended the run
     assert [(e["kind"], e["stage"]) for e in quiet_events] == [
         ("metrics", "actor"),
@@ -98,7 +96,7 @@ def test_run_end_and_step_less_records_carry_the_training_step_not_the_sample_in
     wait_for(lambda: system.samples >= 10, "10 system samples", timeout_s=30.0, every_s=0.02)
     link.log_record("INFO", 20, "trainer", "no step given")
     assert link.close(30) == 0
-    events = events_of(kafka_bootstrap, topics, "stepped", 5.0)
+    events = events_of(kafka_bootstrap, topics, "stepped")
     samples = [e["step"] for e in events if e["stage"] == "system"]
     assert samples == list(range(len(samples))) and len(samples) >= 10  # past step 3
     ends = [(e["step"], e["message"]) for e in events if e["kind"] == "run_end"]

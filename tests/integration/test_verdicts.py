@@ -39,7 +39,7 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import AckStatus, ActionVerdict, CommandAck, ControlCommand
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import JoinerSettings, Settings
-from tests.kafka import read_all, settings_at
+from tests.kafka import read_all, read_to_end, settings_at
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -130,12 +130,9 @@ def verdicts_of(bootstrap: str, topics: Topics, run_id: str, count: int) -> list
 def backtest_verdicts(bootstrap: str, topics: Topics, run_id: str) -> list[ActionVerdict]:
     """The backtest's verdicts over the run's events and acks, read back from the topics."""
     codec = default_codec()
-    events = [
-        codec.decode_event(m.value())
-        for m in read_all(bootstrap, topics.events, lambda _ms: False, timeout_s=3)
-    ]
+    events = [codec.decode_event(m.value()) for m in read_to_end(bootstrap, topics.events)]
     acks: dict[str, CommandAck] = {}
-    for message in read_all(bootstrap, topics.acks, lambda _ms: False, timeout_s=3):
+    for message in read_to_end(bootstrap, topics.acks):
         ack = codec.decode_ack(message.value())
         if ack["run_id"] == run_id:
             acks.setdefault(ack["command_id"], ack)

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from faust.types import TP
 
 from rlpulse.streams.worker.held_partitions import HeldPartitionsLine, held_line
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Let the loop's other tasks run until ``condition()``; fail naming ``what`` after
+    ``timeout_s`` (the line's tasks run on this loop: nothing here waits on the clock)."""
+
+    async def polled() -> None:
+        while not condition():
+            await asyncio.sleep(0)
+
+    try:
+        await asyncio.wait_for(polled(), timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 def test_the_line_names_the_partitions_held_and_the_group() -> None:
@@ -43,17 +58,17 @@ def test_one_line_per_rebalance_and_only_the_latest_of_two_quick_ones() -> None:
 
     async def scenario() -> None:
         await held.on_assigned(None, {events, ticks, TP("p.events", 2)}, signal=None)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(answers) == 1, "the first rebalance to ask for the member count")
         answers[0].set_result(1)
-        await asyncio.sleep(0.01)
+        await until(lambda: not held._pending, "the first rebalance's line")
         assert said == ["holding events partitions 0, 2 of 3 (group p-worker, 1 member)"]
         # Two rebalances before the count of the first came: the first is not said.
         await held.on_assigned(None, {events}, signal=None)
         await held.on_assigned(None, {ticks}, signal=None)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(answers) == 3, "both rebalances to ask for the member count")
         answers[1].set_result(2)
         answers[2].set_result(4)
-        await asyncio.sleep(0.01)
+        await until(lambda: not held._pending, "both rebalances' lines (or their silence)")
 
     asyncio.run(scenario())
     assert said[1:] == [
@@ -72,7 +87,7 @@ def test_the_line_is_said_without_the_count_when_it_does_not_come() -> None:
 
     async def scenario() -> None:
         await held.on_assigned(None, {TP("p.events", 1)}, signal=None)
-        await asyncio.sleep(0.01)
+        await until(lambda: not held._pending, "the line without the count")
 
     asyncio.run(scenario())
     assert said == ["holding events partition 1 of 3 (group p-worker)"]

@@ -46,7 +46,8 @@ def wait_until(condition: object, timeout_s: float = 5.0) -> bool:
 
 def test_file_watcher_reloads_on_change_and_on_sighup(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
-    book = RuleBook(load_preset("seed"), "<preset seed>")
+    outcomes: list[str] = []
+    book = RuleBook(load_preset("seed"), "<preset seed>", outcomes.append)
     watcher = RulesFileWatcher(book, path, interval_s=0.1)
     watcher.start(handle_sighup=True)
     try:
@@ -56,12 +57,21 @@ def test_file_watcher_reloads_on_change_and_on_sighup(tmp_path: Path) -> None:
         path.write_text(ONE_RULE.format(threshold=0.35))
         assert wait_until(lambda: book.engine is not first)
         second = book.engine
-        path.write_text("version: 1\nrules: nope\n")
-        time.sleep(0.5)
+        fixed = ONE_RULE.format(threshold=0.5)
+        broken = "version: 1\nrules: nope\n"
+        path.write_text(broken + "#" * (len(fixed) - len(broken)))  # as long as the fix
+        edited = path.stat()
+        refused_before = outcomes.count("refused")
+        assert wait_until(
+            lambda: (
+                watcher._seen == (edited.st_mtime_ns, edited.st_size)
+                and outcomes.count("refused") > refused_before
+            )
+        ), "the watcher never read the broken edit"
         assert book.engine is second, "a broken edit changes nothing"
-        watcher.interval_s = 60.0  # from now on only SIGHUP can trigger a reload in time
-        time.sleep(0.3)
-        path.write_text(ONE_RULE.format(threshold=0.5))
+        # An edit polling cannot see (the same size, its mtime put back): only SIGHUP loads it.
+        path.write_text(fixed)
+        os.utime(path, ns=(edited.st_atime_ns, edited.st_mtime_ns))
         os.kill(os.getpid(), signal.SIGHUP)
         assert wait_until(lambda: book.engine is not second)
         assert book.engine.rules[0].when.threshold == 0.5  # type: ignore[union-attr]

@@ -3,6 +3,7 @@ on real processes, the dump's parsing, and the ranks grouped by where their loop
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from rlpulse.producers.caller.stacks import signal_number
 from rlpulse.producers.delivery.stacks import RankProcess, take_stacks
 from rlpulse.producers.delivery.wal import LogMeta
 from rlpulse.schemas.stacks import RankStacks, parse_dump, render
+from tests.waiting import wait_for
 
 CHILD = textwrap.dedent(
     """
@@ -108,11 +110,26 @@ def test_a_pid_given_to_a_newer_process_is_never_signalled(tmp_path: Path) -> No
     assert rank.outcome == "gone"
 
 
+NANOSLEEPS = {"x86_64": {35, 230}, "aarch64": {101, 115}}
+"""The system calls ``sleep()`` makes (nanosleep, clock_nanosleep), by machine."""
+
+
+def in_sleep(pid: int) -> bool:
+    """Whether ``pid``'s main thread is in ``sleep()``'s system call (``/proc``: its wait
+    channel, or the call it is in)."""
+    wchan = Path(f"/proc/{pid}/wchan").read_text()
+    call = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    return "nanosleep" in wchan or (
+        call.isdigit() and int(call) in NANOSLEEPS.get(os.uname().machine, set())
+    )
+
+
 def test_a_process_stuck_in_c_holding_the_gil_answers_the_signal(tmp_path: Path) -> None:
     child, _said, loop = start_child(tmp_path, "holds-the-gil")
     process = RankProcess(child.pid, signal.SIGRTMIN + 3, tmp_path / f"{child.pid}.stacks")
-    time.sleep(1.0)  # from its print to its sleep() the GIL changes hands: asked then, it answers
     try:
+        # From its print to its sleep() the GIL changes hands: asked then, its thread answers.
+        wait_for(lambda: in_sleep(child.pid), "the child in sleep(), the GIL held", 10.0, 0.01)
         take_stacks([process], wait_s=4.0)
         assert child.poll() is None  # faulthandler dumped, the signal did not kill
     finally:
