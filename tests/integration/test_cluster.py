@@ -332,7 +332,10 @@ def drive(run: Run, fault: Callable[[], None]) -> int:
             link.log({"kl_divergence": kl + rank / 1000, "reward_mean": 1.0}, step, "actor")
         for command in run.links[0].poll_commands():
             if command["rule_id"] == "kl-guard":
-                assert command["step"] == KL_GUARD_STEP, command
+                assert command["step"] == KL_GUARD_STEP, (
+                    f"kl-guard issued for step {command['step']}: {command['reason']}; "
+                    f"logs: {run.supervisor.logs()}"
+                )
                 run.command_age_s = time.time() - command["issued_ns"] / 1e9
                 return step
         time.sleep(max(0.0, STEP_S - (time.monotonic() - began)))
