@@ -66,6 +66,7 @@ __all__ = [
     "JoinerSettings",
     "LoggingSettings",
     "ProducerSettings",
+    "SamplesSettings",
     "SearchSettings",
     "SecuritySettings",
     "Settings",
@@ -630,6 +631,65 @@ class LoggingSettings(_Section):
     )
 
 
+class SamplesSettings(_Section):
+    """Rollout samples on the trainer side: every sample's numbers, a few chosen texts.
+
+    Each step's samples (``RunLink.log_samples``, verl's and TRL's integrations) go to
+    ``<prefix>.samples`` as numbers (reward, scores, lengths, truncated, repetition; no
+    text), and the texts of ``texts`` chosen samples to ``<prefix>.sample-texts`` every
+    ``texts_every_steps`` steps: the best, the worst, the truncated or longest, the repetitive
+    or random, one per data source and one whole group. A response is sent as its head and
+    tail within ``max_text_chars``, with its full length and a digest.
+    """
+
+    enabled: bool = Field(default=True, description="Capture rollout samples at all.")
+    texts: bool = Field(
+        default=True,
+        description="Send the chosen samples' texts (off: numbers only; no text leaves the node).",
+    )
+    text_count: int = Field(
+        default=16,
+        ge=0,
+        le=1024,
+        description=(
+            "Texts chosen a step: a quarter each best, worst, truncated or longest, repetitive "
+            "or random; one per data source and one whole group come on top."
+        ),
+    )
+    group_texts: int = Field(
+        default=16, ge=0, le=1024, description="At most this many samples of the whole group."
+    )
+    texts_every_steps: int = Field(
+        default=1, ge=1, description="Texts are sent for every n-th step (numbers every step)."
+    )
+    max_text_chars: int = Field(
+        default=4000,
+        ge=64,
+        le=65_536,
+        description="A response is sent as its head and tail, this many characters in all.",
+    )
+    max_prompt_chars: int = Field(
+        default=4000,
+        ge=64,
+        le=65_536,
+        description="A prompt (and a ground truth) is cut to its head and tail, this many in all.",
+    )
+    redact: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description=(
+            "module:function applied to every text before it leaves the process "
+            "(str -> str); RunLink(redact=...) takes a callable."
+        ),
+    )
+    repetition_threshold: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A sample is repetitive when its tail's repetition score is at least this.",
+    )
+
+
 class ArchiveSettings(_Section):
     """The archiver: every topic to Parquet, rolled, retained, audited.
 
@@ -1125,6 +1185,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     exporter: ExporterSettings = ExporterSettings()
     logging: LoggingSettings = LoggingSettings()
+    samples: SamplesSettings = SamplesSettings()
     archive: ArchiveSettings = ArchiveSettings()
     ui: UiSettings = UiSettings()
     search: SearchSettings = SearchSettings()

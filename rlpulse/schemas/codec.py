@@ -29,6 +29,10 @@ from rlpulse.schemas.records import (
     ControlCommand,
     LogBatch,
     LogRecord,
+    RolloutSample,
+    SampleBatch,
+    SampleText,
+    SampleTextBatch,
     StepSummary,
     TrainerEvent,
 )
@@ -46,6 +50,8 @@ RECORD_NAMES = (
     "LogBatch",
     "AuditReport",
     "ActionVerdict",
+    "SampleBatch",
+    "SampleTextBatch",
 )
 
 
@@ -198,6 +204,24 @@ class Codec:
             return cast(LogBatch, {**batch, "entries": [record]})
         return cast(LogBatch, self.decode(data, "LogBatch"))
 
+    def decode_sample_batch(self, data: bytes) -> SampleBatch:
+        """One ``<prefix>.samples`` message."""
+        return cast(SampleBatch, self.decode(data, "SampleBatch"))
+
+    def decode_samples(self, data: bytes) -> list[RolloutSample]:
+        """The rollout samples of one ``<prefix>.samples`` message, one record a sample."""
+        return rollout_samples(self.decode_sample_batch(data))
+
+    def decode_sample_text_batch(self, data: bytes) -> SampleTextBatch:
+        """One ``<prefix>.sample-texts`` message."""
+        return cast(SampleTextBatch, self.decode(data, "SampleTextBatch"))
+
+    def decode_sample_texts(self, data: bytes) -> list[SampleText]:
+        """The chosen samples' texts of one ``<prefix>.sample-texts`` message."""
+        batch = self.decode_sample_text_batch(data)
+        shared = {name: batch[name] for name in SHARED_SAMPLE_FIELDS}  # type: ignore[literal-required]
+        return [cast(SampleText, {**shared, **entry}) for entry in batch["entries"]]
+
     def decode_verdict(self, data: bytes) -> ActionVerdict:
         """Decode an ``ActionVerdict``."""
         return cast(ActionVerdict, self.decode(data, "ActionVerdict"))
@@ -207,6 +231,54 @@ _SHARED_LOG_FIELDS: Final = (
     "run_id", "attempt", "rank", "tags", "hostname", "host_ip", "pid", "producer_id"
 )  # fmt: skip
 """The fields of a LogRecord that a LogBatch holds once for all its entries."""
+
+SHARED_SAMPLE_FIELDS: Final = (
+    "run_id", "attempt", "rank", "tags", "hostname", "pid", "producer_id"
+)  # fmt: skip
+"""The fields a SampleBatch and a SampleTextBatch hold once for all their entries."""
+
+
+def rollout_samples(batch: SampleBatch) -> list[RolloutSample]:
+    """Every sample of every chunk of ``batch``, with the shared fields."""
+    shared = {name: batch[name] for name in SHARED_SAMPLE_FIELDS}  # type: ignore[literal-required]
+    out: list[RolloutSample] = []
+    for chunk in batch["entries"]:
+        groups, sources = chunk["groups"], chunk["data_sources"]
+        group, source = chunk["group"], chunk["data_source"]
+        advantage, aborted, turns = chunk["advantage"], chunk["aborted"], chunk["num_turns"]
+        scores = chunk["scores"]
+        for i, reward in enumerate(chunk["reward"]):
+            out.append(
+                cast(
+                    RolloutSample,
+                    {
+                        **shared,
+                        "seq": chunk["seq"],
+                        "timestamp_ns": chunk["timestamp_ns"],
+                        "step": chunk["step"],
+                        "split": chunk["split"],
+                        "sample_index": chunk["first_index"] + i,
+                        "group": groups[group[i]] if group and group[i] >= 0 else None,
+                        "data_source": sources[source[i]] if source and source[i] >= 0 else None,
+                        "reward": reward,
+                        "scores": {name: values[i] for name, values in scores.items()},
+                        "dropped_scores": list(chunk["dropped_scores"]),
+                        "advantage": _number_or_none(advantage[i]) if advantage else None,
+                        "prompt_length": chunk["prompt_length"][i],
+                        "response_length": chunk["response_length"][i],
+                        "truncated": chunk["truncated"][i],
+                        "aborted": aborted[i] if aborted else False,
+                        "num_turns": turns[i] if turns else 1,
+                        "repetition": chunk["repetition"][i],
+                        "empty": chunk["empty"][i],
+                    },
+                )
+            )
+    return out
+
+
+def _number_or_none(value: float) -> float | None:
+    return None if value != value else value  # NaN: none given
 
 
 def log_records(batch: LogBatch) -> list[LogRecord]:

@@ -22,6 +22,8 @@ CommandOrigin = Literal["rule", "operator"]
 AckStatus = Literal["applied", "noop", "rejected", "failed"]
 VerdictKind = Literal["effective", "ineffective", "unknown"]
 ParamValue = bool | int | float | str | None
+SampleSplit = Literal["train", "validation"]
+"""Whether rollout samples were generated for training or for validation."""
 
 
 class TrainerEvent(TypedDict):
@@ -182,6 +184,114 @@ class LogBatch(_LogSource):
     """Consecutive log records of one trainer process (``<prefix>.logs``), shared fields once."""
 
     entries: list[LogEntry]
+
+
+class _SampleSource(TypedDict):
+    """The fields the rollout samples of one trainer process share (once in a batch)."""
+
+    run_id: str
+    attempt: int
+    rank: int
+    tags: dict[str, str]
+    hostname: str
+    pid: int
+    producer_id: str
+
+
+class SampleChunk(TypedDict):
+    """Consecutive samples of one step of one rank as columns (an entry of a SampleBatch)."""
+
+    seq: int
+    timestamp_ns: int
+    step: int
+    split: str
+    first_index: int
+    reward: list[float]
+    prompt_length: list[int]
+    response_length: list[int]
+    truncated: list[bool]
+    empty: list[bool]
+    repetition: list[float]
+    aborted: list[bool]
+    num_turns: list[int]
+    advantage: list[float]
+    groups: list[str]
+    group: list[int]
+    data_sources: list[str]
+    data_source: list[int]
+    scores: dict[str, list[float]]
+    dropped_scores: list[str]
+
+
+class SampleBatch(_SampleSource):
+    """Chunks of rollout samples of one trainer process (``<prefix>.samples``)."""
+
+    entries: list[SampleChunk]
+
+
+class RolloutSample(TypedDict):
+    """One rollout sample's numbers, as readers see it (a row of the archive's ``samples``).
+
+    Not a wire record of its own: :meth:`Codec.decode_samples
+    <rlpulse.schemas.codec.Codec.decode_samples>` makes one per sample of a SampleBatch's chunks.
+    """
+
+    run_id: str
+    attempt: int
+    rank: int
+    tags: dict[str, str]
+    hostname: str
+    pid: int
+    producer_id: str
+    seq: int
+    timestamp_ns: int
+    step: int
+    split: str
+    sample_index: int
+    group: str | None
+    data_source: str | None
+    reward: float
+    scores: dict[str, float]
+    dropped_scores: list[str]
+    advantage: float | None
+    prompt_length: int
+    response_length: int
+    truncated: bool
+    aborted: bool
+    num_turns: int
+    repetition: float
+    empty: bool
+
+
+class SampleTextEntry(TypedDict):
+    """The texts of one chosen sample, without the fields a :class:`SampleTextBatch` shares."""
+
+    seq: int
+    timestamp_ns: int
+    step: int
+    split: str
+    sample_index: int
+    group: str | None
+    data_source: str | None
+    reward: float
+    chosen: list[str]
+    prompt: str | None
+    prompt_chars: int
+    response_head: str
+    response_tail: str
+    response_chars: int
+    response_digest: str
+    ground_truth: str | None
+
+
+class SampleText(_SampleSource, SampleTextEntry):
+    """The texts of one chosen rollout sample (``<prefix>.sample-texts``)."""
+
+
+class SampleTextBatch(_SampleSource):
+    """The texts of consecutive chosen samples of one trainer process (``<prefix>.sample-texts``)."""
+
+    entries: list[SampleTextEntry]
 
 
 class SequenceGap(TypedDict):

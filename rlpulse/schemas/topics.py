@@ -46,6 +46,20 @@ class Topics:
         return f"{self.prefix}.logs"
 
     @property
+    def samples(self) -> str:
+        """SampleBatch (every rollout sample's numbers, no text), keyed by run id."""
+        return f"{self.prefix}.samples"
+
+    @property
+    def sample_texts(self) -> str:
+        """SampleTextBatch (the texts of a few chosen samples a step), keyed by run id.
+
+        A topic of its own so that an access list can keep texts from a role that may read
+        every number.
+        """
+        return f"{self.prefix}.sample-texts"
+
+    @property
     def audits(self) -> str:
         """AuditReport, one per run the archiver audited, keyed by run id."""
         return f"{self.prefix}.audits"
@@ -71,15 +85,18 @@ class Topics:
 
     def all(self) -> tuple[str, ...]:
         """Every topic, in creation order."""
-        return (*self.keyed_by_run(), self.rules, self.dlq, self.logs, self.audits)
+        return (
+            *self.keyed_by_run(), self.rules, self.dlq, self.logs, self.audits, self.samples,
+            self.sample_texts,
+        )  # fmt: skip
 
     def stamped_by_broker(self) -> tuple[str, ...]:
         """Topics whose record timestamps the broker sets (``LogAppendTime``).
 
-        The trainers' events and log records: the audit compares each host's clock with the
-        broker's through them.
+        The trainers' events, log records and samples: the audit compares each host's clock
+        with the broker's through them.
         """
-        return (self.events, self.logs)
+        return (self.events, self.logs, self.samples, self.sample_texts)
 
 
 RULES_KEY = b"rules"

@@ -6,11 +6,11 @@ user add NAME --role ROLE`` creates them for ``User:NAME`` on the local broker, 
 the same ones on a production cluster. With ``allow.everyone.if.no.acl.found=false``,
 anything not granted is denied.
 
-- ``trainer``: writes events, its text log records and acks; reads the control topic, and
-  the acks topic at start (to rebuild which commands it applied, so it never applies one
-  twice); reads its run's partition of events and logs back before it sends records again
-  after a failed delivery or a kill (so that none arrives twice); its control client's
-  consumer groups.
+- ``trainer``: writes events, its text log records, its rollout samples and their texts, and
+  acks; reads the control topic, and the acks topic at start (to rebuild which commands it
+  applied, so it never applies one twice); reads its run's partition of what it writes back
+  before it sends records again after a failed delivery or a kill (so that none arrives
+  twice); its control client's consumer groups.
 - ``worker``: reads events, acks (for the verdicts), rules and its grace-timer ticks;
   writes summaries, commands, verdicts, dead letters and ticks; owns faust's internal
   topics (changelogs, the assignor's leader topic, all named ``<group>-...``; it may raise
@@ -18,12 +18,16 @@ anything not granted is denied.
   creates rlpulse's topics at start-up, so it may see and create every topic under the
   prefix (it reads none it was not granted).
 - ``operator``: writes commands and rules; reads acks, summaries and verdicts.
-- ``reader`` (exporter, dashboards, ``rlpulse query``): reads every topic under the prefix
-  and writes nothing but the offsets of its own consumer groups (the exporter's, the
-  archiver's, and any named ``<prefix>-reader-...``); it may look at the worker group's
-  committed offsets (the exporter shows the worker's lag) but not join or commit to it.
-- ``archiver``: a reader that also writes the audit reports of the runs it archived to
-  ``<prefix>.audits`` (and nothing else).
+- ``reader`` (exporter, dashboards, ``rlpulse query``): reads every rlpulse topic but the
+  rollout samples' texts (``<prefix>.sample-texts``: prompts and responses may be data that
+  only some people may see) and writes nothing but the offsets of its own consumer groups
+  (the exporter's, the archiver's, and any named ``<prefix>-reader-...``); it may look at the
+  worker group's committed offsets (the exporter shows the worker's lag) but not join or
+  commit to it.
+- ``text_reader``: a reader that may read the samples' texts too (the run page, the indexer
+  of the texts, whoever may see them).
+- ``archiver``: a reader of every topic, the texts included, that also writes the audit
+  reports of the runs it archived to ``<prefix>.audits`` (and nothing else).
 
 The grants use the topic names of :class:`~rlpulse.schemas.topics.Topics`, so they follow
 the prefix; consumer groups of the clients that never commit (control clients, the rules
@@ -49,7 +53,7 @@ __all__ = [
     "rules_group_prefix",
 ]
 
-Role = Literal["trainer", "worker", "operator", "reader", "archiver"]
+Role = Literal["trainer", "worker", "operator", "reader", "text_reader", "archiver"]
 ROLES: tuple[str, ...] = get_args(Role)
 Resource = Literal["topic", "group"]
 Pattern = Literal["literal", "prefixed"]
@@ -103,6 +107,8 @@ def role_grants(
         grants = [
             _topic(topics.events, "READ", "WRITE"),
             _topic(topics.logs, "READ", "WRITE"),
+            _topic(topics.samples, "READ", "WRITE"),
+            _topic(topics.sample_texts, "READ", "WRITE"),
             _topic(topics.acks, "READ", "WRITE"),
             _topic(topics.control, "READ"),
             _group(control_group_prefix(prefix), "READ", prefixed=True),
@@ -139,9 +145,12 @@ def role_grants(
             _topic(topics.verdicts, "READ"),
             _group(f"{prefix}-operator-", "READ", prefixed=True),
         ]
-    elif role in ("reader", "archiver"):
+    elif role in ("reader", "text_reader", "archiver"):
+        readable = [name for name in topics.all() if name != topics.sample_texts]
+        if role != "reader":
+            readable.append(topics.sample_texts)
         grants = [
-            _topic(f"{prefix}.", "READ", prefixed=True),
+            *(_topic(name, "READ") for name in readable),
             _group(f"{prefix}-exporter", "READ"),
             _group(f"{prefix}-archive", "READ"),
             _group(f"{prefix}-reader-", "READ", prefixed=True),

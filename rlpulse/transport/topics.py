@@ -62,12 +62,15 @@ def wanted_partitions(topics: Topics, partitions: int) -> dict[str, int]:
 
     The run-keyed topics share one partition count, since the worker's tables are
     co-partitioned with its inputs; the rules topic has one partition (it holds one record).
-    The log records and the audits are keyed by run too, with as many partitions.
+    The log records, the rollout samples and their texts, and the audits are keyed by run
+    too, with as many partitions.
     """
     wanted = dict.fromkeys(topics.keyed_by_run(), partitions)
     wanted[topics.dlq] = partitions
     wanted[topics.logs] = partitions
     wanted[topics.audits] = partitions
+    wanted[topics.samples] = partitions
+    wanted[topics.sample_texts] = partitions
     wanted[topics.rules] = 1
     return wanted
 

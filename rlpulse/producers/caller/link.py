@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from rlpulse.closing import ClosedByWith
@@ -87,11 +87,13 @@ class RunLink(ClosedByWith):
         tags: Mapping[str, str] | None = None,
         settings: Settings | None = None,
         broadcast: Broadcast | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         settings = settings if settings is not None else Settings()
         self.events = EventLogger(
-            run_id, rank=rank, world_size=world_size, attempt=attempt, tags=tags, settings=settings
-        )
+            run_id, rank=rank, world_size=world_size, attempt=attempt, tags=tags,
+            settings=settings, redact=redact,
+        )  # fmt: skip
         """The event logger (counters ``logged``, ``delivered``, ``resent``, ``dropped``...)."""
         self.control = (
             ControlClient(run_id, attempt=attempt, settings=settings)
@@ -120,6 +122,8 @@ class RunLink(ClosedByWith):
         """Publish one event given as :class:`~rlpulse.producers.EventFields`."""
         self.log_line = events.log_line
         """Publish one text log record given as :class:`~rlpulse.producers.LogFields`."""
+        self.log_samples = events.log_samples
+        """Publish one step's rollout samples: :meth:`EventLogger.log_samples`."""
 
     @classmethod
     def resume(

@@ -18,7 +18,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cache, partial
 from pathlib import Path
@@ -28,14 +28,23 @@ from rlpulse.closing import ClosedByWith
 from rlpulse.diagnostics import WarnOnce
 from rlpulse.diagnostics import install as install_diagnostics
 from rlpulse.producers.caller.rankfiles import RankFileSink
+from rlpulse.producers.caller.sample_log import SampleCounts, SampleLog, samples_log_dir
+from rlpulse.producers.caller.samples import (
+    RawText,
+    SampleProblem,
+    choose_texts,
+    columns_from_mappings,
+    step_statistics,
+    text_entry,
+)
 from rlpulse.producers.caller.stacks import STACKS_DIRECTORY, enable_stack_dumps
 from rlpulse.producers.delivery.agent_place import AgentBell, AgentPlace
 from rlpulse.producers.delivery.agent_process import place_for, start_detached
 from rlpulse.producers.delivery.spool_root import SpoolRoot, resolve_spool_root
 from rlpulse.producers.delivery.wal import (
     EVENT,
+    EVENTS_PROTOCOL,
     LOG,
-    PROTOCOL,
     AckFile,
     AckState,
     LogMeta,
@@ -54,6 +63,7 @@ from rlpulse.producers.encoding.arguments import (
 from rlpulse.producers.encoding.events import EventEncoder, RefusedEvent
 from rlpulse.producers.encoding.fields import EventFields, LogFields, RecordSource
 from rlpulse.producers.encoding.logs import LogEncoder
+from rlpulse.producers.encoding.samples import Ints, SampleColumns, TextEntry
 from rlpulse.producers.exceptions import (
     InvalidFieldError,
     InvalidValueError,
@@ -62,7 +72,7 @@ from rlpulse.producers.exceptions import (
 )
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.jsonl import LOG_KIND, metrics_line
-from rlpulse.schemas.records import EventKind
+from rlpulse.schemas.records import EventKind, SampleSplit
 from rlpulse.schemas.topics import Topics
 from rlpulse.schemas.validation import (
     EventProblem,
@@ -123,6 +133,7 @@ class EventLogger(ClosedByWith):
         attempt: int = 0,
         tags: Mapping[str, str] | None = None,
         settings: Settings | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         install_diagnostics()  # its warnings reach stderr whatever handlers the program has
         self.run_id = require_run_id(run_id)
@@ -195,6 +206,9 @@ class EventLogger(ClosedByWith):
         self._final: AckState | None = None
         self._no_agent = ""
         self._seq = 0
+        self._sample_log: SampleLog | None = None
+        self._sample_counts = SampleCounts()
+        self._redact = redact
 
     @property
     def spool_dir(self) -> Path:
@@ -559,6 +573,144 @@ class EventLogger(ClosedByWith):
             problem.code,
         )
 
+    @property
+    def samples(self) -> SampleCounts:
+        """What became of this logger's rollout samples (:meth:`log_samples`)."""
+        sample_log = self._sample_log
+        return sample_log.counts if sample_log is not None else self._sample_counts
+
+    def log_samples(
+        self,
+        samples: Sequence[Mapping[str, object]],
+        step: int,
+        *,
+        split: SampleSplit = "train",
+    ) -> None:
+        """Publish one step's rollout samples: every sample's numbers, a few chosen texts.
+
+        Each sample is a mapping with ``prompt``, ``response`` (str) and ``reward`` (a
+        number) and, optional, ``scores`` (name -> number), ``group`` (the samples of one
+        prompt), ``data_source``, ``prompt_length`` and ``response_length`` (tokens; the
+        texts' characters if left out), ``truncated``, ``advantage``, ``ground_truth``,
+        ``aborted``, ``num_turns`` and ``response_ids`` (the response's token ids: its
+        repetition score is then computed on them). The numbers go to ``<prefix>.samples``,
+        the texts of ``samples.text_count`` chosen samples (:mod:`rlpulse.producers.caller.samples`)
+        to ``<prefix>.sample-texts``, cut to ``samples.max_text_chars`` and redacted first;
+        the step's statistics over all its samples are an event of stage ``samples`` (or
+        ``validation_samples``), so rules act on them.
+
+        A malformed sample (no ``response``, a reward that is a string) is left out, counted
+        in ``samples.refused[key]`` and said once per key with its index; the rest of the
+        step is kept. Like :meth:`log`, it never raises for transport trouble (with
+        ``producer.strict`` on, a malformed sample raises ``ValueError``).
+        """
+        if self._closed:
+            raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+        settings = self.settings.samples
+        if not settings.enabled:
+            return
+        try:
+            step = require_int("step", step, 0, LONG_MAX)
+            if not isinstance(samples, Sequence) or isinstance(samples, str | bytes):
+                raise InvalidFieldError("samples", None, samples, "a sequence of mappings")
+        except (InvalidFieldError, InvalidValueError) as exc:
+            if self._strict:
+                raise
+            self._refuse(bad_argument(exc))
+            return
+        columns, texts, identity, problems = columns_from_mappings(samples)
+        if problems:
+            self._refuse_samples(problems)
+        self.log_sample_columns(columns, identity, texts.__getitem__, step, split)
+
+    def log_sample_columns(
+        self,
+        columns: SampleColumns,
+        identity: Ints,
+        text_of: Callable[[int], RawText] | None,
+        step: int,
+        split: SampleSplit = "train",
+    ) -> None:
+        """:meth:`log_samples` for a capture that holds its samples as columns already.
+
+        ``identity`` says which responses are equal (:func:`~rlpulse.producers.caller.samples.
+        response_identity`); ``text_of(i)`` gives sample ``i``'s texts, and is called only
+        for the chosen ones (an integration decodes just those). None: no texts.
+        """
+        settings = self.settings.samples
+        if not settings.enabled:
+            return
+        if self._closed:
+            raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
+        threshold = settings.repetition_threshold
+        statistics = step_statistics(columns, identity, threshold)
+        entries: list[TextEntry] = []
+        if settings.texts and text_of is not None and step % settings.texts_every_steps == 0:
+            chosen = choose_texts(
+                columns, settings.text_count, settings.group_texts, threshold, step
+            )
+            redact = self._redaction()
+            prompts_sent: set[int] = set()
+            for index in sorted(chosen, key=lambda i: (-float(columns.reward[i]), i)):
+                group = -1 if columns.group is None else int(columns.group[index])
+                first_of_group = group < 0 or group not in prompts_sent
+                prompts_sent.add(group)
+                entries.append(
+                    text_entry(
+                        index, chosen[index], text_of(index), columns, first_of_group,
+                        settings.max_text_chars, settings.max_prompt_chars, redact,
+                    )  # fmt: skip
+                )
+        if len(columns) or entries:
+            sample_log = self._sample_log or self._new_sample_log()
+            sample_log.write(columns, entries, step, split)
+        stage = "samples" if split == "train" else "validation_samples"
+        self.log(statistics, step, stage=stage, world_size=self.world_size)
+
+    def _redaction(self) -> Callable[[str], str] | None:
+        """The redaction hook: the one given to the logger, else ``samples.redact``'s."""
+        if self._redact is None and self.settings.samples.redact is not None:
+            self._redact = load_redaction(self.settings.samples.redact)
+        return self._redact
+
+    def _refuse_samples(self, problems: list[SampleProblem]) -> None:
+        if self._strict:
+            raise ValueError(f"run {self.run_id!r}: {problems[0]}")
+        counts = self.samples
+        for problem in problems:
+            counts.refused[problem.key] = counts.refused.get(problem.key, 0) + 1
+            self._warn_once(
+                f"sample-{problem.key}",
+                "run %s rank %d: a rollout sample was left out: %s (later ones left out for "
+                "this key are counted in EventLogger.samples.refused[%r], not logged)",
+                self.run_id, self.rank, problem, problem.key,
+            )  # fmt: skip
+
+    def _new_sample_log(self) -> SampleLog:
+        """The samples log, made with the first samples (beside the events log)."""
+        with self._lock:
+            if self._sample_log is not None:
+                return self._sample_log
+            if self._writer is None:
+                self._start()
+            place = place_for(self.settings, self._spool())
+            directory = samples_log_dir(self.wal_dir)
+            source = replace(self._source, producer_id=directory.name)
+            bell = self._bell
+            sample_log = SampleLog(
+                source,
+                directory,
+                self.settings,
+                place.key,
+                bell,
+                on_first_segment=(
+                    (lambda: bell.register(directory)) if bell is not None else (lambda: None)
+                ),
+            )
+            sample_log.counts.refused.update(self._sample_counts.refused)
+            self._sample_log = sample_log
+            return sample_log
+
     def run_start(self, step: int = 0) -> None:
         """Publish a ``run_start`` event (``step`` is where this attempt starts)."""
         self.log({}, step, kind="run_start")
@@ -584,7 +736,11 @@ class EventLogger(ClosedByWith):
         writer = self._writer
         if writer is None:
             return 0
-        return self._wait_delivered(writer.frames, time.monotonic() + timeout_s)
+        deadline = time.monotonic() + timeout_s
+        left = self._wait_delivered(writer.frames, deadline)
+        if self._sample_log is not None:
+            left += self._sample_log.wait_delivered(deadline)
+        return left
 
     def _wait_delivered(self, frames: int, deadline: float) -> int:
         """Wait until the agent acknowledged ``frames`` frames of the log, or ``deadline``.
@@ -622,6 +778,10 @@ class EventLogger(ClosedByWith):
         if self._at_exit is not None:
             atexit.unregister(self._at_exit)
         left = self._wait_delivered(writer.frames, deadline)
+        sample_log = self._sample_log
+        if sample_log is not None:
+            left += sample_log.wait_delivered(deadline)
+            sample_log.close()
         self._final = AckFile.read(self.wal_dir)
         writer.close()  # the writer is gone: the agent deletes the log once all of it arrived
         if self._bell is not None:
@@ -654,7 +814,7 @@ class EventLogger(ClosedByWith):
         )
         meta = LogMeta(
             self.wal_dir, self.run_id, self.producer_id, self._topic, self._logs_topic,
-            time.time_ns(), self.hostname, os.getpid(), place.key, PROTOCOL, self.rank,
+            time.time_ns(), self.hostname, os.getpid(), place.key, EVENTS_PROTOCOL, self.rank,
             self.attempt, self._made_by, None if dump is None else dump.signum,
             None if dump is None else str(dump.path),
         )  # fmt: skip
@@ -691,3 +851,17 @@ def _close_at_exit(ref: weakref.ref[EventLogger]) -> None:
     logger = ref()
     if logger is not None:
         logger.close()
+
+
+def load_redaction(spec: str) -> Callable[[str], str]:
+    """The function ``module:function`` names (``samples.redact``); a clear error if none."""
+    import importlib
+
+    module_name, _, name = spec.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"samples.redact {spec!r}: {exc}") from exc
+    if not callable(function):
+        raise ValueError(f"samples.redact {spec!r} is not callable")
+    return function  # type: ignore[no-any-return]

@@ -5,7 +5,8 @@ A :class:`LogShipper` sends the frames of one producer's log
 gone: each event as its own message to the events topic (the worker joins events one by
 one; a batch would hold a command back), consecutive log records as LogBatch messages of at
 most ``batch_max_bytes`` to the logs topic, gathered for ``linger_s`` unless an event comes
-after them. Events go through one producer and log batches through another
+after them. A samples log's rollout samples and chosen texts go the way log records do, in
+SampleBatch and SampleTextBatch messages to their own topics. Events go through one producer and log batches through another
 (:class:`Producers`), so an event never waits behind a batch's request. Every message
 carries the producer id and its seqs in headers (:mod:`rlpulse.producers.delivery.readback`)
 and the host's clock offset when one is known (:mod:`rlpulse.producers.delivery.clock`). It
@@ -55,9 +56,9 @@ from rlpulse.producers.delivery.readback import (
     seqs_header,
 )
 from rlpulse.producers.delivery.wal import (
+    BATCHED_KINDS,
     EVENT,
     KNOWN_KINDS,
-    LOG,
     AckFile,
     AckState,
     Frame,
@@ -67,6 +68,7 @@ from rlpulse.producers.delivery.wal import (
     read_source,
     segment_of,
     segments,
+    source_name,
 )
 from rlpulse.producers.encoding.logs import batch_body
 from rlpulse.transport.backoff import Backoff
@@ -264,7 +266,7 @@ class LogShipper:
         self._batch_max_bytes = batch_max_bytes
         self._linger_s = linger_s
         self._key = meta.run_id.encode()
-        self._topics = {EVENT: meta.events_topic, LOG: meta.logs_topic}
+        self._topics = meta.topics()
         self._in_flight: deque[_Sent] = deque()
         self._in_flight_bytes = 0
         self._held_since: float | None = None
@@ -272,7 +274,7 @@ class LogShipper:
         """Frames up to this position were produced once already (before a read-back)."""
         self._check: dict[int, Found] | None = None
         self._check_last = -1
-        self._head: bytes | None = None
+        self._heads: dict[int, bytes] = {}
         self._partitions: dict[str, int] = {}
 
     # -- what the driver asks ----------------------------------------------------------
@@ -333,41 +335,49 @@ class LogShipper:
 
         Stops early while ``MAX_IN_FLIGHT_BYTES`` wait for acknowledgement, when
         librdkafka's queue is full, or at a frame of an unknown kind; the next step goes on
-        from there. Log records at the end are held back until the linger passed.
+        from there. Consecutive frames of one batched kind (log records, samples, texts) go
+        in one message of at most ``batch_max_bytes``; those at the end are held back until
+        the linger passed.
         """
         batch: list[Frame] = []
         batch_bytes = 0
         sent = False
+        topics = self._topics
         for frame in self._reader.frames(self._read_at):
             if self._in_flight_bytes >= MAX_IN_FLIGHT_BYTES:
                 break
+            kind = frame.kind
             if self._check is not None and self._on_topic(frame):
-                if batch and not self._produce_logs(producers.logs, batch):
+                if batch and not self._produce_batch(producers.logs, batch):
                     return sent
                 batch, batch_bytes = [], 0
-                self._queue(_Sent(frame.end, 1, frame.kind, 0, done=True, found=True))
+                self._queue(_Sent(frame.end, 1, kind, 0, done=True, found=True))
                 continue
-            if frame.kind == LOG:
+            if batch and batch[0].kind != kind:
+                if not self._produce_batch(producers.logs, batch):
+                    return sent
+                sent = True
+                batch, batch_bytes = [], 0
+            if kind in BATCHED_KINDS and kind in topics:
                 batch.append(frame)
                 batch_bytes += len(frame.payload)
                 if batch_bytes < self._batch_max_bytes and len(batch) < BATCH_MAX_RECORDS:
                     continue
-            if batch:
-                if not self._produce_logs(producers.logs, batch):
+                if not self._produce_batch(producers.logs, batch):
                     return sent
                 sent = True
-            batch, batch_bytes = [], 0
-            if frame.kind == EVENT:
+                batch, batch_bytes = [], 0
+            elif kind == EVENT and kind in topics:
                 if not self._produce_event(producers.events, frame):
                     return sent
                 sent = True
-            elif frame.kind != LOG:
+            else:
                 self._stop_at(frame)
                 return sent
         if batch:
             held = self._held_since
             if flush or self._linger_s <= 0 or (held is not None and now >= held + self._linger_s):
-                sent = self._produce_logs(producers.logs, batch) or sent
+                sent = self._produce_batch(producers.logs, batch) or sent
             elif held is None:
                 self._held_since = now
         return sent
@@ -398,19 +408,27 @@ class LogShipper:
         sent = _Sent(frame.end, 1, EVENT, len(frame.payload))
         return self._produce(producer, frame.payload, seqs_header(frame.seq, frame.seq), sent)
 
-    def _produce_logs(self, producer: Producer, batch: list[Frame]) -> bool:
+    def _produce_batch(self, producer: Producer, batch: list[Frame]) -> bool:
+        """One batch message of consecutive frames of one kind, behind that kind's head."""
         self._held_since = None
-        head = self._head = self._head or read_source(self.directory)
+        kind = batch[0].kind
+        head = self._heads.get(kind)
+        if head is None:
+            head = read_source(self.directory, kind)
+            if head is not None:
+                self._heads[kind] = head
         if head is None:  # records without the source file: nothing can build their batch
             log.warning(
-                "%s holds log records but no source file; %d record(s) dropped",
+                "%s holds records of kind %d but no %s file; %d record(s) dropped",
                 self.directory,
+                kind,
+                source_name(kind),
                 len(batch),
             )
-            self._queue(_Sent(batch[-1].end, len(batch), LOG, 0, done=True, error=_NO_SOURCE))
+            self._queue(_Sent(batch[-1].end, len(batch), kind, 0, done=True, error=_NO_SOURCE))
             return True
         value = head + batch_body([frame.payload for frame in batch])
-        sent = _Sent(batch[-1].end, len(batch), LOG, len(value))
+        sent = _Sent(batch[-1].end, len(batch), kind, len(value))
         return self._produce(producer, value, seqs_header(batch[0].seq, batch[-1].seq), sent)
 
     def _produce(self, producer: Producer, value: bytes, seqs: bytes, sent: _Sent) -> bool:
@@ -472,10 +490,7 @@ class LogShipper:
             elif sent.found:
                 state.found += sent.frames
             else:
-                if sent.kind == EVENT:
-                    state.events = (sent.partition, sent.offset)
-                else:
-                    state.logs = (sent.partition, sent.offset)
+                state.delivered_at(sent.kind, sent.partition, sent.offset)
                 if sent.resent:
                     state.resent += sent.frames
                 else:
@@ -502,7 +517,7 @@ class LogShipper:
         """Once nothing is in flight and Kafka answers: read the topics back, send the rest."""
         if any(not sent.done for sent in self._in_flight):
             return False
-        if not producers.answering(now, self._topics[EVENT]):
+        if not producers.answering(now, next(iter(self._topics.values()))):
             self.last_error = producers.last_error or self.last_error
             return False
         try:
@@ -531,8 +546,8 @@ class LogShipper:
         created_ms = state.created_ns // 1_000_000
         consumer = producers.read_back_consumer()
         check = {}
-        for kind, (acked_partition, offset) in ((EVENT, state.events), (LOG, state.logs)):
-            topic = self._topics[kind]
+        for kind, topic in self._topics.items():
+            acked_partition, offset = state.last_of(kind)
             partition = (
                 acked_partition
                 if acked_partition >= 0

@@ -22,7 +22,10 @@ the root is :func:`~rlpulse.producers.delivery.spool_root.resolve_spool_root`'s)
                                                  the agent that serves it, the protocol,
                                                  when it was made
                                      source      the bytes every LogBatch of the producer
-                                                 starts with (its shared fields)
+                                                 starts with (its shared fields); in a
+                                                 samples log ``source-3`` and ``source-4``,
+                                                 the heads of its SampleBatches and
+                                                 SampleTextBatches
                                      acked       what Kafka holds: the position up to which
                                                  every frame was delivered, per topic the
                                                  partition and offset of the last delivery,
@@ -32,7 +35,9 @@ the root is :func:`~rlpulse.producers.delivery.spool_root.resolve_spool_root`'s)
 
 A frame is a header ``<length u32, crc32 u32, kind u8, seq i64>`` and ``length`` bytes of
 payload: a TrainerEvent's single-object encoding (kind 1) or a log record's LogEntry body
-(kind 2, :meth:`~rlpulse.producers.encoding.logs.LogEncoder.entry`). The CRC covers the kind,
+(kind 2, :meth:`~rlpulse.producers.encoding.logs.LogEncoder.entry`); in a producer's samples
+log, a rollout sample's SampleEntry (kind 3) or a chosen sample's SampleTextEntry body (kind
+4, :mod:`rlpulse.producers.encoding.samples`). The CRC covers the kind,
 the seq and the payload (protocols 1 and 2: the payload only). The payload is written first, then
 the CRC, kind and seq, the length last: a frame cut by a kill, or read by another process
 while it is being written (a length seen before the kind and seq were), reads as the end of
@@ -67,10 +72,14 @@ from pathlib import Path
 from typing import IO, Final, NamedTuple
 
 __all__ = [
+    "BATCHED_KINDS",
     "EVENT",
+    "EVENTS_PROTOCOL",
     "KNOWN_KINDS",
     "LOG",
     "PROTOCOL",
+    "SAMPLE",
+    "SAMPLE_TEXT",
     "SHIP_LOCK_NAME",
     "AckFile",
     "AckState",
@@ -87,6 +96,7 @@ __all__ = [
     "read_source",
     "run_wal_dir",
     "segment_of",
+    "source_name",
     "try_lock_shared",
     "unsent_frames",
 ]
@@ -95,13 +105,24 @@ EVENT: Final = 1
 """Frame kind: a TrainerEvent, single-object encoded (sent as one message to the events topic)."""
 LOG: Final = 2
 """Frame kind: a LogEntry's Avro body (sent in LogBatch messages to the logs topic)."""
-PROTOCOL: Final = 3
-"""The write-ahead log's protocol this release writes and reads: frame kinds :data:`EVENT`
-and :data:`LOG`, a log served by the host's agent, a CRC over kind, seq and payload (2: the
-CRC covers the payload only; 1: that too, and the writing process sent its own log, which
-carries no protocol in ``meta.json``)."""
-KNOWN_KINDS: Final = frozenset({EVENT, LOG})
+SAMPLE: Final = 3
+"""Frame kind: a SampleEntry's Avro body (sent in SampleBatch messages to the samples topic)."""
+SAMPLE_TEXT: Final = 4
+"""Frame kind: a SampleTextEntry's Avro body (in SampleTextBatch messages to the texts topic)."""
+PROTOCOL: Final = 4
+"""The newest write-ahead log protocol this release reads and writes: 4 adds the frame kinds
+:data:`SAMPLE` and :data:`SAMPLE_TEXT`, which only a producer's samples log holds; 3: frame
+kinds :data:`EVENT` and :data:`LOG`, a log served by the host's agent, a CRC over kind, seq
+and payload (2: the CRC covers the payload only; 1: that too, and the writing process sent
+its own log, which carries no protocol in ``meta.json``)."""
+EVENTS_PROTOCOL: Final = 3
+"""The protocol a log of events and log records says it follows: theirs has not changed, so
+an agent of the release before samples (protocol 3) still sends it during an upgrade. Only a
+samples log, which such an agent leaves alone, says :data:`PROTOCOL`."""
+KNOWN_KINDS: Final = frozenset({EVENT, LOG, SAMPLE, SAMPLE_TEXT})
 """The frame kinds of :data:`PROTOCOL`: a reader stops before any other."""
+BATCHED_KINDS: Final = frozenset({LOG, SAMPLE, SAMPLE_TEXT})
+"""Kinds whose consecutive frames travel together, behind the head their ``source`` file holds."""
 
 HEADER: Final = struct.Struct("<IIBq")
 _LENGTH: Final = struct.Struct("<I")
@@ -206,6 +227,16 @@ class LogMeta:
     """The signal on which the writing process dumps its stacks (None: it does not)."""
     stacks_file: str | None = None
     """The file the writing process dumps its stacks to."""
+    samples_topic: str | None = None
+    """Where a samples log's :data:`SAMPLE` frames go (None: an events log)."""
+    sample_texts_topic: str | None = None
+    """Where a samples log's :data:`SAMPLE_TEXT` frames go (None: an events log)."""
+
+    def topics(self) -> dict[int, str]:
+        """The topic of each frame kind this log may hold."""
+        if self.samples_topic is None or self.sample_texts_topic is None:
+            return {EVENT: self.events_topic, LOG: self.logs_topic}
+        return {SAMPLE: self.samples_topic, SAMPLE_TEXT: self.sample_texts_topic}
 
     def write(self) -> None:
         """Write ``meta.json`` into the log's directory (atomically)."""
@@ -226,6 +257,9 @@ class LogMeta:
             "stacks_signal": self.stacks_signal,
             "stacks_file": self.stacks_file,
         }
+        if self.samples_topic is not None:
+            document["samples_topic"] = self.samples_topic
+            document["sample_texts_topic"] = self.sample_texts_topic
         path = self.directory / META_NAME
         temporary = path.with_name(META_NAME + ".tmp")
         temporary.write_text(json.dumps(document))
@@ -252,9 +286,15 @@ class LogMeta:
                 _optional_int(document.get("thread")),
                 _optional_int(document.get("stacks_signal")),
                 None if document.get("stacks_file") is None else str(document["stacks_file"]),
+                _optional_str(document.get("samples_topic")),
+                _optional_str(document.get("sample_texts_topic")),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+
+def _optional_str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _optional_int(value: object) -> int | None:
@@ -400,10 +440,15 @@ def logs_in(directory: Path) -> list[Path]:
     return sorted(Path(entry.path) for entry in entries if segments(Path(entry.path)))
 
 
-def read_source(directory: Path) -> bytes | None:
-    """The shared head of the producer's LogBatches, or None if it never wrote a record."""
+def source_name(kind: int) -> str:
+    """The file holding the shared head of the batches of frames of ``kind``."""
+    return SOURCE_NAME if kind == LOG else f"{SOURCE_NAME}-{kind}"
+
+
+def read_source(directory: Path, kind: int = LOG) -> bytes | None:
+    """The shared head of the producer's batches of ``kind``; None if it wrote none of them."""
     try:
-        return (directory / SOURCE_NAME).read_bytes()
+        return (directory / source_name(kind)).read_bytes()
     except FileNotFoundError:
         return None
 
@@ -461,15 +506,15 @@ class WalWriter:
         self.frames += 1
         return True
 
-    def write_source(self, head: bytes) -> None:
-        """Write the shared head of the producer's LogBatches (once, before its first record).
+    def write_source(self, head: bytes, kind: int = LOG) -> None:
+        """Write the shared head of the producer's batches of ``kind`` (once, before the first).
 
         Whoever sends the log builds the batches from it.
         """
         self._claimed()
-        path = self.directory / SOURCE_NAME
+        path = self.directory / source_name(kind)
         if not path.exists():
-            temporary = path.with_name(SOURCE_NAME + ".tmp")
+            temporary = path.with_name(path.name + ".tmp")
             temporary.write_bytes(head)
             os.replace(temporary, path)
 
@@ -645,8 +690,10 @@ class AckState:
     """What Kafka acknowledged of one producer's log (the ``acked`` file).
 
     ``position``: every frame before it was delivered. ``events``/``logs``: the partition
-    and offset of the last delivered message of each topic (-1, -1: none yet), where a
-    reader of the topic starts looking for what a dead process may have sent after it.
+    and offset of the last delivered message of each of the log's two topics (-1, -1: none
+    yet), where a reader of the topic starts looking for what a dead process may have sent
+    after it; in a samples log they hold the samples' and the texts' topics
+    (:meth:`last_of`).
     ``created_ns``: when the log was made (a bound for that search when nothing was acked).
     The counts are of the frames before ``position``, so the writer can show its caller
     what happened to its records (a file of an earlier release has none).
@@ -666,6 +713,21 @@ class AckState:
     """Records a read-back found on their topic (not sent again)."""
     dropped: int = 0
     """Records the broker refused as malformed (never resent)."""
+
+    def last_of(self, kind: int) -> tuple[int, int]:
+        """The partition and offset of the last delivered message of ``kind``'s topic."""
+        return self.events if kind in _FIRST_TOPIC_KINDS else self.logs
+
+    def delivered_at(self, kind: int, partition: int, offset: int) -> None:
+        """Record the last delivered message of ``kind``'s topic."""
+        if kind in _FIRST_TOPIC_KINDS:
+            self.events = (partition, offset)
+        else:
+            self.logs = (partition, offset)
+
+
+_FIRST_TOPIC_KINDS: Final = frozenset({EVENT, SAMPLE})
+"""Kinds whose last delivery an ``acked`` file keeps in its first slot (the rest: the second)."""
 
 
 class AckFile:
