@@ -1,7 +1,9 @@
 """The integrity audit: did every record of a run reach the archive, and only once.
 
 Each producer (one trainer process of one run) numbers its records 0, 1, 2, ...
-(``producer_id``, ``seq``), TrainerEvents and LogRecords alike. From the archive, per
+(``producer_id``, ``seq``), TrainerEvents and LogRecords alike; a process's rollout samples
+are a producer of their own (``<producer id>.samples``), whose records are its chunks of
+samples (one seq each, however many samples) and its chosen texts. From the archive, per
 producer: how many records arrived, how many were duplicates (the same seq again: a retry
 or a replay, harmless), and which seq ranges are missing between 0 and the last one seen
 (lost). Records after a producer's last archived one cannot be told apart from records it
@@ -93,11 +95,18 @@ def audit_runs(con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> lis
     columns = (
         "run_id, producer_id, seq, hostname, rank, timestamp_ns, clock_offset_ns, clock_error_ns"
     )
+    # A chunk of samples is one record (one seq) however many samples it holds: the samples
+    # view has a row per sample, so each message's chunk is taken once.
+    chunks = (
+        f"SELECT {columns} FROM (SELECT DISTINCT {columns}, kafka_partition, kafka_offset "
+        f"FROM samples WHERE {where})"
+    )
     records = (
         f"SELECT {columns} FROM events WHERE {where} UNION ALL "
-        f"SELECT {columns} FROM logs WHERE {where}"
+        f"SELECT {columns} FROM logs WHERE {where} UNION ALL {chunks} UNION ALL "
+        f"SELECT {columns} FROM sample_texts WHERE {where}"
     )
-    con.execute(f"CREATE OR REPLACE TEMP TABLE audit_records AS {records}", parameters * 2)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE audit_records AS {records}", parameters * 4)
     _, producer_rows = run_sql(
         con,
         "SELECT run_id, producer_id, any_value(hostname), min(rank), count(*), "

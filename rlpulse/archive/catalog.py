@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 VIEWS: Final = (
-    "events", "logs", "steps", "commands", "acks", "verdicts", "audits", "dead_letters"
+    "events", "logs", "steps", "commands", "acks", "verdicts", "audits", "samples",
+    "sample_texts", "dead_letters",
 )  # fmt: skip
 _VANISHED: Final = ("No such file", "during GetObject operation")
 """What a read of a file deleted after the listing fails with: locally; on S3, whether the

@@ -9,7 +9,8 @@ command action's parameters, becomes text: a string as itself, a number or boole
 - ``kafka_partition``, ``kafka_offset``;
 - ``kafka_timestamp_ms`` and ``kafka_timestamp_type`` (``log_append`` when the broker
   stamped it, ``create`` when the producer did);
-- on the events and logs tables, ``clock_offset_ns`` and ``clock_error_ns``: the host
+- on the events, logs, samples and sample_texts tables, ``clock_offset_ns`` and
+  ``clock_error_ns``: the host
   agent's estimate of its host's clock against the brokers' that came with the message (its
   ``rlpulse-clock`` header, :mod:`rlpulse.schemas.clock`), null where it carried none (an
   agent's first messages, older releases) or one that does not read; files written before
@@ -18,8 +19,10 @@ command action's parameters, becomes text: a string as itself, a number or boole
 - ``decode_error`` and ``raw_value``: a message the archiver could not decode is kept as a
   row with only these and the Kafka columns set (the views show it among the dead letters).
 
-``dead_letters`` holds ``<prefix>.dlq`` as it is: the original key and bytes, the reason
-and source headers. Pure: no I/O, no Kafka client.
+``samples`` has a row per rollout sample (the chunks of ``<prefix>.samples`` taken apart) and
+``sample_texts`` a row per chosen sample's texts. ``dead_letters`` holds ``<prefix>.dlq`` as
+it is: the original key and bytes, the reason and source headers. Pure: no I/O, no Kafka
+client.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import pyarrow as pa
 from fastavro import schemaless_reader
 
 from rlpulse.schemas.clock import CLOCK_HEADER, parse_clock_header
-from rlpulse.schemas.codec import HEADER_SIZE, MAGIC, Codec
+from rlpulse.schemas.codec import HEADER_SIZE, MAGIC, Codec, chunk_samples
 from rlpulse.schemas.exceptions import DecodeError
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 
@@ -254,7 +257,8 @@ class Table:
     """One table of the archive: the topic it holds and how its messages become rows."""
 
     name: str
-    """The view name: events, logs, steps, commands, acks, verdicts, audits, dead_letters."""
+    """The view name: events, logs, steps, commands, acks, verdicts, audits, samples,
+    sample_texts, dead_letters."""
     topic: str
     record: str | None
     """The Avro record of the topic; None for the dead-letter topic (kept as bytes)."""
@@ -267,6 +271,8 @@ class Table:
     """The Avro record that carries many of ``record`` in one message (``LogBatch``), if any."""
     host_clock: bool = False
     """Its messages come from a host agent, with its host's clock (:data:`CLOCK_COLUMNS`)."""
+    explode: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None
+    """Turns one entry of a batch into the table's rows (a chunk of samples into its samples)."""
 
     def rows(
         self,
@@ -313,6 +319,8 @@ class Table:
             stamp_ms = own // _NS_PER_MS if isinstance(own, int) and own >= 0 else 0
         if batch is not None:
             entries = batch.pop("entries")
+            if self.explode is not None:
+                entries = [row for entry in entries for row in self.explode(entry)]
             batch.update(kafka)
             return BatchRows(batch, entries), batch.get("run_id", _text(key)), stamp_ms
         if self.convert is not None:
@@ -331,6 +339,8 @@ class Table:
         if batch is None:
             return [self._read(codec, data, self.record or "")]
         entries: list[dict[str, Any]] = batch.pop("entries")
+        if self.explode is not None:
+            entries = [row for entry in entries for row in self.explode(entry)]
         for entry in entries:
             entry.update(batch)
         return entries
@@ -425,7 +435,7 @@ _RECORD_TABLES: Final = (
 )
 _BATCHES: Final = {"LogRecord": "LogBatch"}
 """The record that carries many of a table's records in one message."""
-_HOST_CLOCKED: Final = frozenset({"events", "logs"})
+_HOST_CLOCKED: Final = frozenset({"events", "logs", "samples", "sample_texts"})
 """The tables of the topics the host agents write: their messages carry the host's clock."""
 _DEAD_LETTER_SCHEMA: Final = pa.schema(
     [
@@ -437,6 +447,30 @@ _DEAD_LETTER_SCHEMA: Final = pa.schema(
         *KAFKA_COLUMNS,
     ]
 )
+
+
+_SAMPLE_COLUMNS: Final = (
+    pa.field("seq", pa.int64()),
+    pa.field("timestamp_ns", pa.int64()),
+    pa.field("step", pa.int64()),
+    pa.field("split", pa.string()),
+    pa.field("sample_index", pa.int64()),
+    pa.field("group", pa.string()),
+    pa.field("data_source", pa.string()),
+    pa.field("reward", pa.float64()),
+    pa.field("scores", pa.map_(pa.string(), pa.float64())),
+    pa.field("dropped_scores", pa.list_(pa.string())),
+    pa.field("advantage", pa.float64()),
+    pa.field("prompt_length", pa.int64()),
+    pa.field("response_length", pa.int64()),
+    pa.field("truncated", pa.bool_()),
+    pa.field("aborted", pa.bool_()),
+    pa.field("num_turns", pa.int32()),
+    pa.field("repetition", pa.float64()),
+    pa.field("empty", pa.bool_()),
+)
+"""A sample's own columns in the ``samples`` table (a row per sample of a SampleBatch's chunks:
+:func:`~rlpulse.schemas.codec.chunk_samples`)."""
 
 
 def tables_of(topics: Topics, codec: Codec) -> dict[str, Table]:
@@ -458,6 +492,40 @@ def tables_of(topics: Topics, codec: Codec) -> dict[str, Table]:
             batch_record=_BATCHES.get(record),
             host_clock=clock,
         )
+    shared = [
+        pa.field(f["name"], arrow_type(f["type"]))
+        for f in codec.registry.latest("SampleBatch").parsed["fields"]
+        if f["name"] != "entries"
+    ]
+    tables["samples"] = Table(
+        name="samples",
+        topic=topics.samples,
+        record="SampleBatch",
+        time_field="timestamp_ns",
+        schema=pa.schema([*shared, *_SAMPLE_COLUMNS, *KAFKA_COLUMNS, *CLOCK_COLUMNS, *_UNDECODABLE]),
+        batch_record="SampleBatch",
+        host_clock=True,
+        explode=chunk_samples,
+    )
+    texts = codec.registry.latest("SampleTextBatch").parsed
+    entry = next(f for f in texts["fields"] if f["name"] == "entries")["type"]["items"]
+    tables["sample_texts"] = Table(
+        name="sample_texts",
+        topic=topics.sample_texts,
+        record="SampleTextBatch",
+        time_field="timestamp_ns",
+        schema=pa.schema(
+            [
+                *shared,
+                *(pa.field(f["name"], arrow_type(f["type"])) for f in entry["fields"]),
+                *KAFKA_COLUMNS,
+                *CLOCK_COLUMNS,
+                *_UNDECODABLE,
+            ]
+        ),
+        batch_record="SampleTextBatch",
+        host_clock=True,
+    )
     tables["dead_letters"] = Table(
         name="dead_letters",
         topic=topics.dlq,

@@ -241,40 +241,46 @@ SHARED_SAMPLE_FIELDS: Final = (
 def rollout_samples(batch: SampleBatch) -> list[RolloutSample]:
     """Every sample of every chunk of ``batch``, with the shared fields."""
     shared = {name: batch[name] for name in SHARED_SAMPLE_FIELDS}  # type: ignore[literal-required]
-    out: list[RolloutSample] = []
-    for chunk in batch["entries"]:
-        groups, sources = chunk["groups"], chunk["data_sources"]
-        group, source = chunk["group"], chunk["data_source"]
-        advantage, aborted, turns = chunk["advantage"], chunk["aborted"], chunk["num_turns"]
-        scores = chunk["scores"]
-        for i, reward in enumerate(chunk["reward"]):
-            out.append(
-                cast(
-                    RolloutSample,
-                    {
-                        **shared,
-                        "seq": chunk["seq"],
-                        "timestamp_ns": chunk["timestamp_ns"],
-                        "step": chunk["step"],
-                        "split": chunk["split"],
-                        "sample_index": chunk["first_index"] + i,
-                        "group": groups[group[i]] if group and group[i] >= 0 else None,
-                        "data_source": sources[source[i]] if source and source[i] >= 0 else None,
-                        "reward": reward,
-                        "scores": {name: values[i] for name, values in scores.items()},
-                        "dropped_scores": list(chunk["dropped_scores"]),
-                        "advantage": _number_or_none(advantage[i]) if advantage else None,
-                        "prompt_length": chunk["prompt_length"][i],
-                        "response_length": chunk["response_length"][i],
-                        "truncated": chunk["truncated"][i],
-                        "aborted": aborted[i] if aborted else False,
-                        "num_turns": turns[i] if turns else 1,
-                        "repetition": chunk["repetition"][i],
-                        "empty": chunk["empty"][i],
-                    },
-                )
-            )
-    return out
+    return [
+        cast(RolloutSample, {**shared, **sample})
+        for chunk in batch["entries"]
+        for sample in chunk_samples(chunk)
+    ]
+
+
+def chunk_samples(chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The samples of one ``SampleChunk``, a dict each (a RolloutSample's own fields)."""
+    groups, sources = chunk["groups"], chunk["data_sources"]
+    group, source = chunk["group"], chunk["data_source"]
+    advantage, aborted, turns = chunk["advantage"], chunk["aborted"], chunk["num_turns"]
+    scores, dropped = chunk["scores"], chunk["dropped_scores"]
+    seq, stamp, step, split = chunk["seq"], chunk["timestamp_ns"], chunk["step"], chunk["split"]
+    first = chunk["first_index"]
+    prompts, responses = chunk["prompt_length"], chunk["response_length"]
+    truncated, repetition, empty = chunk["truncated"], chunk["repetition"], chunk["empty"]
+    return [
+        {
+            "seq": seq,
+            "timestamp_ns": stamp,
+            "step": step,
+            "split": split,
+            "sample_index": first + i,
+            "group": groups[group[i]] if group and group[i] >= 0 else None,
+            "data_source": sources[source[i]] if source and source[i] >= 0 else None,
+            "reward": reward,
+            "scores": {name: values[i] for name, values in scores.items()},
+            "dropped_scores": list(dropped),
+            "advantage": _number_or_none(advantage[i]) if advantage else None,
+            "prompt_length": prompts[i],
+            "response_length": responses[i],
+            "truncated": truncated[i],
+            "aborted": aborted[i] if aborted else False,
+            "num_turns": turns[i] if turns else 1,
+            "repetition": repetition[i],
+            "empty": empty[i],
+        }
+        for i, reward in enumerate(chunk["reward"])
+    ]
 
 
 def _number_or_none(value: float) -> float | None:

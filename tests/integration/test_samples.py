@@ -7,15 +7,28 @@ and the step's statistics as an event of stage ``samples``.
 
 from __future__ import annotations
 
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
 import pytest
 
+from rlpulse.archive.catalog import query_archive
+from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.producers import RunLink
+from rlpulse.settings import ProducerSettings
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
 from tests.integration.scripted_run import consume_all
 from tests.kafka import settings_at
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def a_step(count: int, step: int) -> list[dict[str, object]]:
@@ -68,3 +81,137 @@ def test_a_step_s_samples_arrive_once_with_their_chosen_texts_and_statistics(
     (stats,) = [e for e in events if e["stage"] == "samples"]
     assert stats["step"] == 3 and stats["metrics"]["samples/count"] == 1024.0
     assert stats["metrics"]["samples/truncated_ratio"] == pytest.approx(94 / 1024)
+
+
+OLDER_RELEASE = "2f3a149e46dce2e4ce5598e30fb8d66f3bc274fb"
+"""The last commit of main before rollout samples: its agent knows protocol 3 only."""
+
+
+def older_release(tmp_path: Path) -> Path:
+    """The package of :data:`OLDER_RELEASE`, unpacked from this repository's history."""
+    target = tmp_path / "older"
+    target.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", OLDER_RELEASE, "rlpulse"], cwd=ROOT, capture_output=True, check=True
+    )
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as unpacked:
+        unpacked.extractall(target, filter="data")
+    return target
+
+
+def test_an_older_agent_on_the_host_still_sends_events_and_logs_and_leaves_samples_for_a_newer(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """During an upgrade a host may still run the agent of the release before samples."""
+    spool = tmp_path / "spool"
+    older = older_release(tmp_path)
+    agent_log = (tmp_path / "older-agent.log").open("w")
+    old_agent = subprocess.Popen(
+        [sys.executable, "-m", "rlpulse", "agent", "--bootstrap", kafka_bootstrap, "--prefix",
+         topics.prefix, "--spool-dir", str(spool), "--idle-exit-s", "0"],
+        env={**os.environ, "PYTHONPATH": str(older)}, cwd=older, stdout=agent_log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: "protocol 3" in (tmp_path / "older-agent.log").read_text(),
+            "the older agent to serve the spool",
+            timeout_s=60.0,
+        )
+        settings = settings_at(
+            kafka_bootstrap, topics, producer=ProducerSettings(spool_dir=spool)
+        )
+        link = RunLink("upgrading", settings=settings)
+        for step in range(5):
+            link.log({"loss": 1.0 / (step + 1)}, step)
+            link.log_record("INFO", 20, "trainer", f"step {step}", step=step)
+            link.log_samples(a_step(64, step), step=step)
+        codec = default_codec()
+        events = consume_all(
+            kafka_bootstrap, topics.events, lambda values: len(values) >= 10, 60.0
+        )
+        stages = sorted(codec.decode_event(value)["stage"] for value in events)
+        assert stages == ["samples"] * 5 + ["trainer"] * 5  # the step's statistics are events
+        logs = consume_all(
+            kafka_bootstrap, topics.logs, lambda values: sum(len(codec.decode_logs(v)) for v in values) >= 5, 60.0
+        )
+        assert sum(len(codec.decode_logs(value)) for value in logs) == 5
+        assert consume_all(kafka_bootstrap, topics.samples, lambda values: False, 3.0) == []
+        assert "newer than this agent's 3" in (tmp_path / "older-agent.log").read_text()
+    finally:
+        old_agent.terminate()
+        old_agent.wait(30)
+        agent_log.close()
+    # The rank's own watch starts this release's agent once the older one is gone.
+    samples = consume_all(
+        kafka_bootstrap,
+        topics.samples,
+        lambda values: sum(len(codec.decode_samples(v)) for v in values) >= 5 * 64,
+        120.0,
+    )
+    assert sorted(
+        (s["step"], s["sample_index"]) for value in samples for s in codec.decode_samples(value)
+    ) == [(step, index) for step in range(5) for index in range(64)]
+    assert link.close(60) == 0
+
+
+def test_the_archive_holds_every_sample_once_and_answers_the_seed_s_question(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    """The share of samples with reward < 0.1 in the last hour, from what was logged and by SQL."""
+    root = tmp_path / "archive"
+    link = RunLink("archived", settings=settings_at(kafka_bootstrap, topics))
+    logged: list[float] = []
+    for step in range(3):
+        samples = a_step(512 + step, step)
+        logged += [float(s["reward"]) for s in samples]  # type: ignore[arg-type]
+        link.log({"loss": 1.0}, step)
+        link.log_samples(samples, step=step)
+    link.run_end(2)
+    assert link.close(60) == 0
+    archiver = ArchiverProcess(
+        kafka_bootstrap, topics.prefix, root, tmp_path / "archiver.log", {"archive.roll_s": 1}
+    ).start()
+    try:
+        wait_for(
+            lambda: _count(root, topics, "SELECT count(*) FROM samples") == len(logged),
+            "every sample in the archive",
+            timeout_s=120.0,
+            every_s=0.5,
+        )
+        wait_for(
+            lambda: _count(root, topics, "SELECT count(*) FROM audits WHERE run_id = 'archived'") > 0,
+            "the run's audit",
+            timeout_s=120.0,
+            every_s=0.5,
+        )
+    finally:
+        archiver.stop()
+    wanted = sum(reward < 0.1 for reward in logged) / len(logged)
+    question = (
+        "SELECT count(*) FILTER (WHERE reward < 0.1) / count(*) FROM samples "
+        "WHERE run_id = 'archived' AND time > now() - INTERVAL 1 HOUR"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "rlpulse", "query", question, "--archive", str(root), "--prefix",
+         topics.prefix, "--format", "csv"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.strip().splitlines()[-1]) == pytest.approx(wanted, rel=1e-5)
+    assert _count(root, topics, "SELECT count(DISTINCT (step, sample_index)) FROM samples") == len(logged)
+    assert _count(root, topics, "SELECT count(*) FROM sample_texts") > 0
+    audit = subprocess.run(
+        [sys.executable, "-m", "rlpulse", "audit", "--run", "archived", "--archive", str(root),
+         "--prefix", topics.prefix],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert " 0 lost, 0 duplicates" in audit.stdout
+
+
+def _count(root: Path, topics: Topics, sql: str) -> int:
+    if not root.exists():
+        return -1
+    _, rows = query_archive(str(root), topics, sql)
+    return int(rows[0][0])

@@ -152,7 +152,9 @@ class Archiver:
         self._audits: dict[str, _PendingAudit] = {}
         # run -> (when its last event, not a run_end, was read; its events partition)
         self._heard: dict[str, tuple[float, int]] = {}
-        self._watched = (self.topics.events, self.topics.logs)
+        self._watched = (
+            self.topics.events, self.topics.logs, self.topics.samples, self.topics.sample_texts
+        )
         self._next_silence_check = 0.0
         self._next_prune = 0.0
         self._warn = WarnOnce(log)
