@@ -138,6 +138,43 @@ def test_each_rank_publishes_its_own_trl_metrics_and_logs(
     last = [own[(rank, STEPS)]["metrics"] for rank in range(RANKS)]
     assert last[0]["kl"] != last[1]["kl"]
 
+    # Each rank's rollout samples: its reward function's values and completion lengths, one
+    # sample a completion, its advantage, the step's statistics as an event of stage samples.
+    samples = read_many_until(
+        kafka_bootstrap,
+        topics.samples,
+        codec.decode_samples,
+        lambda found: len(found) >= RANKS * STEPS * 4,
+        keep=lambda sample: sample["run_id"] == run_id,
+    )
+    for step in range(1, STEPS + 1):
+        for rank in range(RANKS):
+            mine = sorted(
+                (s for s in samples if (s["rank"], s["step"]) == (rank, step)),
+                key=lambda s: s["sample_index"],
+            )
+            call = calls[rank][step]
+            assert [s["response_length"] for s in mine] == call["lengths"]
+            wanted = [math.nan if value is None else value for value in call["rewards"]]
+            assert [s["reward"] for s in mine] == pytest.approx(wanted, nan_ok=True)
+            assert [s["scores"]["reward"] for s in mine] == pytest.approx(wanted, nan_ok=True)
+            assert all(s["advantage"] is not None and s["split"] == "train" for s in mine)
+            # 4 completions of one prompt a rank: one group, the prompt's data source
+            assert len({s["group"] for s in mine}) == 1
+            assert len({s["data_source"] for s in mine} & {"arith", "words"}) == 1
+    statistics = [e for e in events if e["stage"] == "samples"]
+    assert sorted((e["rank"], e["step"]) for e in statistics) == sorted(own)
+    assert all(e["metrics"]["samples/count"] == 4 for e in statistics)
+    texts = read_many_until(
+        kafka_bootstrap,
+        topics.sample_texts,
+        codec.decode_sample_texts,
+        lambda found: {(t["rank"], t["step"]) for t in found} >= set(own),
+        keep=lambda text: text["run_id"] == run_id,
+    )
+    assert all(t["response_head"] or t["response_chars"] == 0 for t in texts)
+    assert {t["prompt"] is not None for t in texts} == {True, False}  # once per group
+
     records = read_many_until(
         kafka_bootstrap,
         topics.logs,

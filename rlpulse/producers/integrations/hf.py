@@ -161,6 +161,8 @@ class RlpulseCallback(TrainerCallback):  # type: ignore[misc]  # transformers is
         if self.trl is not None and not self._framework_given:
             self.tags["framework"] = "trl"
         self.link = self._open(args, state)
+        if self.trl is not None and self.link.settings.samples.enabled:
+            self.trl.sample_sink = self.link.events.log_sample_columns
         self.stopped_by = None
         if self.capture_logs:
             self._capture_logs(self.link, int(state.global_step))

@@ -26,6 +26,19 @@ TRL's own names. The hooks, in trl 1.16 (``trl/trainer/grpo_trainer.py``; RLOO's
 
 Only what runs inside ``training_step`` counts (evaluation does not). Each value is
 averaged over the step like TRL's ``log`` averages its lists (NaN left out).
+
+The same two hooks give this rank's rollout samples (with a ``sample_sink``, which the
+callback sets to its link's :meth:`~rlpulse.producers.caller.logger.EventLogger.log_sample_columns`),
+with no extra gather: ``_calculate_rewards`` gets this rank's prompts, completions (the texts
+TRL decoded for its reward functions) and completion ids, and returns every function's
+rewards (this rank's rows: the reward, before RLOO's KL penalty, and one score per
+function); ``_generate_and_score_completions`` (GRPO l.2324, RLOO l.1458) returns this rank's
+``prompt_mask`` and ``advantages``. A group is ``num_generations`` consecutive completions of
+the global batch (a group may straddle two ranks: each logs its part). Truncated is TRL's own
+per-sample test (l.2302: the last token is neither EOS nor pad). TRL generates once for
+``steps_per_generation`` optimizer steps: those samples are logged once, at the step that
+generated them (``global_step + 1``); the steps after it train on them without new samples.
+In evaluation they are ``validation`` samples of the step evaluated.
 Other trl versions are not hooked (a warning says so): the private methods above are
 what the hooks rely on, checked against :data:`TESTED_TRL`.
 """
@@ -36,7 +49,13 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlpulse.producers.caller.samples import RawText
+    from rlpulse.producers.encoding.samples import Ints, SampleColumns
+
+    SampleSink = Callable[[SampleColumns, Ints, Callable[[int], RawText], int, str], None]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +80,11 @@ class TrlRankMetrics:
         self._loss: Any = None  # a tensor on the trainer's device: one sync per step, in take()
         self._in_step = False
         self._pending: tuple[float, float] | None = None
+        self._scored: tuple[tuple[Any, ...], Any] | None = None
         self.failed: str | None = None
         """Why collecting stopped (a hook's error; training goes on), or None."""
+        self.sample_sink: SampleSink | None = None
+        """Where this rank's rollout samples go (None: they are not captured)."""
 
     @classmethod
     def attach(cls, trainer: Any) -> TrlRankMetrics | None:
@@ -101,6 +123,12 @@ class TrlRankMetrics:
         trainer.training_step = self._around_step(trainer.training_step)
         trainer._generate = self._after(trainer._generate, self._completions)
         trainer._calculate_rewards = self._after(trainer._calculate_rewards, self._rewards)
+        trainer._calculate_rewards = self._after(
+            trainer._calculate_rewards, self._note_scored, always=True
+        )
+        trainer._generate_and_score_completions = self._after(
+            trainer._generate_and_score_completions, self._scored_samples, always=True
+        )
         accelerator = trainer.accelerator
         accelerator.reduce = self._around_reduce(accelerator.reduce)
         train = trainer._metrics["train"]
@@ -126,15 +154,36 @@ class TrlRankMetrics:
         self._loss = micro if self._loss is None else self._loss + micro
 
     def _after(
-        self, method: Callable[..., Any], note: Callable[[tuple[Any, ...], Any], None]
+        self,
+        method: Callable[..., Any],
+        note: Callable[[tuple[Any, ...], Any], None],
+        always: bool = False,
     ) -> Callable[..., Any]:
+        """``method`` that hands its arguments and result to ``note`` (in a step, or always)."""
+
         def hooked(*args: Any, **kwargs: Any) -> Any:
             result = method(*args, **kwargs)
-            if self._in_step:
+            if always or self._in_step:
                 self._safely(note, args, result)
             return result
 
         return hooked
+
+    def _note_scored(self, args: tuple[Any, ...], every_rank: Any) -> None:
+        """``_calculate_rewards``' arguments (this rank's rows) and its gathered rewards."""
+        if self.sample_sink is not None:
+            self._scored = (args, every_rank)
+
+    def _scored_samples(self, args: tuple[Any, ...], output: Any) -> None:
+        """``_generate_and_score_completions``' output: this rank's samples, to the sink."""
+        scored, self._scored = self._scored, None
+        sink = self.sample_sink
+        if sink is None or scored is None:
+            return
+        from rlpulse.producers.integrations.trl_samples import rank_samples
+
+        captured = rank_samples(self.trainer, scored[0], scored[1], output)
+        sink(captured.columns, captured.identity, captured.text_of, captured.step, captured.split)
 
     def _completions(self, args: tuple[Any, ...], result: Any) -> None:
         """``_generate``'s result: this rank's completion lengths, as TRL counts them."""

@@ -112,7 +112,8 @@ def main() -> None:
         "seed": 0,
     }
     prompts = [" ".join(f"w{(i * 7 + j) % 61}" for j in range(4)) for i in range(64)]
-    data = Dataset.from_dict({"prompt": prompts})
+    sources = ["arith" if i % 2 else "words" for i in range(64)]
+    data = Dataset.from_dict({"prompt": prompts, "data_source": sources})
     callback = RlpulseCallback(
         options.run_id, settings=Settings(bootstrap=options.bootstrap, prefix=options.prefix)
     )
