@@ -912,6 +912,13 @@ class IndexSettings(_Section):
     startup_timeout_s: Seconds = Field(
         default=120.0, gt=0, description="How long start-up waits for Kafka and the search engine."
     )
+    sample_texts: bool = Field(
+        default=True,
+        description=(
+            "Index the chosen rollout samples' texts too (<index_prefix>-sample-texts-<date>); "
+            "off: they stay in Kafka and the archive only."
+        ),
+    )
     shards: int = Field(default=1, ge=1, description="Primary shards of each daily index.")
     replicas: int | None = Field(
         default=None, ge=0, description="Replicas of each daily index; unset: the cluster's."

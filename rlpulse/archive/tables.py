@@ -502,7 +502,9 @@ def tables_of(topics: Topics, codec: Codec) -> dict[str, Table]:
         topic=topics.samples,
         record="SampleBatch",
         time_field="timestamp_ns",
-        schema=pa.schema([*shared, *_SAMPLE_COLUMNS, *KAFKA_COLUMNS, *CLOCK_COLUMNS, *_UNDECODABLE]),
+        schema=pa.schema(
+            [*shared, *_SAMPLE_COLUMNS, *KAFKA_COLUMNS, *CLOCK_COLUMNS, *_UNDECODABLE]
+        ),
         batch_record="SampleBatch",
         host_clock=True,
         explode=chunk_samples,

@@ -6,7 +6,7 @@ offset its agent measured, which a line says per host), and log records come in 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -16,6 +16,7 @@ from rlpulse.cli.render import cell, print_rows
 
 if TYPE_CHECKING:
     from rlpulse.offline.drilldown import StepContext
+    from rlpulse.offline.step_samples import StepSamples
 
 
 @one_line_errors
@@ -33,6 +34,14 @@ def show(
     every_rank: Annotated[
         bool, typer.Option("--all", help="With --stacks: every rank's stacks too.")
     ] = False,
+    samples: Annotated[
+        bool,
+        typer.Option(
+            "--samples",
+            help="With --step: the step's rollout samples (the reward histogram over all of "
+            "them, the chosen texts best first) instead of its context.",
+        ),
+    ] = False,
     margin: Annotated[
         float, typer.Option(help="Seconds of log records before and after the step's events.")
     ] = 2.0,
@@ -41,6 +50,8 @@ def show(
     config: ConfigFile = None,
 ) -> None:
     """Show a step: summaries, every rank's metrics, log records, commands, acks, verdicts.
+
+    With --samples: the step's rollout samples (reward histogram, chosen texts).
 
     With --stacks: the ranks' stacks of the run's newest capture (capture_stacks), grouped.
     """
@@ -51,8 +62,18 @@ def show(
         return
     if step is None:
         raise typer.BadParameter("give --step N, or --stacks", param_hint="--step")
-    con, _root = open_for(config, prefix, archive)
+    con, root = open_for(config, prefix, archive)
     try:
+        if samples:
+            from rlpulse.offline.step_samples import step_samples
+
+            parts = step_samples(con, run_id, step)
+            if not parts:
+                raise fail(
+                    f"the archive at {root} has no rollout samples of step {step} of {run_id}"
+                )
+            _print_samples(run_id, step, parts)
+            return
         context = step_context(con, run_id, step, margin)
     finally:
         con.close()
@@ -126,6 +147,49 @@ def _print(context: StepContext, margin: float) -> None:
     print_rows(context.commands.columns, context.commands.rows, title="commands")
     print_rows(context.acks.columns, context.acks.rows, title="acks")
     print_rows(context.verdicts.columns, context.verdicts.rows, title="verdicts")
+
+
+_BAR: Final = 40
+"""Characters of the longest bar of the printed histogram."""
+
+
+def _print_samples(run_id: str, step: int, parts: list[StepSamples]) -> None:
+    for part in parts:
+        shares = ", ".join(f"{name} {share:.1%}" for name, share in part.shares.items())
+        out.print(
+            f"[bold]run {run_id}, step {step}: {part.count} {part.split} samples[/]"
+            + (f" ({shares})" if shares else ""),
+            highlight=False,
+        )
+        most = max(part.counts, default=0)
+        for low, high, count in zip(part.edges, part.edges[1:], part.counts, strict=False):
+            bar = "#" * (round(_BAR * count / most) if most else 0)
+            out.print(f"  reward {low:>9.4g} .. {high:<9.4g} {count:>6} {bar}", highlight=False)
+        out.print(f"\n[bold]chosen texts[/] ({len(part.texts)}, best reward first)")
+        for text in part.texts:
+            scores = ", ".join(f"{k}={cell(v)}" for k, v in sorted((text["scores"] or {}).items()))
+            out.print(
+                f"\n[bold]rank {text['rank']} sample {text['sample_index']}[/] reward "
+                f"{cell(text['reward'])} ({', '.join(text['chosen'])}); group {text['group']}, "
+                f"data source {text['data_source']}; {text['response_length']} long"
+                f"{', truncated' if text['truncated'] else ''}, repetition "
+                f"{cell(text['repetition'])}" + (f"; {scores}" if scores else ""),
+                highlight=False,
+            )
+            if text["prompt"] is not None:
+                out.print(f"  prompt: {text['prompt']}", markup=False, soft_wrap=True)
+            out.print(f"  response: {response_text(text)}", markup=False, soft_wrap=True)
+            if text["ground_truth"] is not None:
+                out.print(f"  ground truth: {text['ground_truth']}", markup=False, soft_wrap=True)
+
+
+def response_text(text: dict[str, Any]) -> str:
+    """A chosen sample's response as sent: its head, the cut marked, its tail."""
+    head, tail = text["response_head"], text["response_tail"]
+    if not tail:
+        return str(head)
+    cut = text["response_chars"] - len(head) - len(tail)
+    return f"{head} [... {cut} characters cut ...] {tail}"
 
 
 def _show_stacks(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -219,7 +220,7 @@ class Codec:
     def decode_sample_texts(self, data: bytes) -> list[SampleText]:
         """The chosen samples' texts of one ``<prefix>.sample-texts`` message."""
         batch = self.decode_sample_text_batch(data)
-        shared = {name: batch[name] for name in SHARED_SAMPLE_FIELDS}  # type: ignore[literal-required]
+        shared = {name: batch[name] for name in SHARED_SAMPLE_FIELDS}
         return [cast(SampleText, {**shared, **entry}) for entry in batch["entries"]]
 
     def decode_verdict(self, data: bytes) -> ActionVerdict:
@@ -240,7 +241,7 @@ SHARED_SAMPLE_FIELDS: Final = (
 
 def rollout_samples(batch: SampleBatch) -> list[RolloutSample]:
     """Every sample of every chunk of ``batch``, with the shared fields."""
-    shared = {name: batch[name] for name in SHARED_SAMPLE_FIELDS}  # type: ignore[literal-required]
+    shared = {name: batch[name] for name in SHARED_SAMPLE_FIELDS}
     return [
         cast(RolloutSample, {**shared, **sample})
         for chunk in batch["entries"]
@@ -284,7 +285,7 @@ def chunk_samples(chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _number_or_none(value: float) -> float | None:
-    return None if value != value else value  # NaN: none given
+    return None if math.isnan(value) else value  # NaN: none given
 
 
 def log_records(batch: LogBatch) -> list[LogRecord]:

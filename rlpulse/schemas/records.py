@@ -289,7 +289,7 @@ class SampleText(_SampleSource, SampleTextEntry):
 
 
 class SampleTextBatch(_SampleSource):
-    """The texts of consecutive chosen samples of one trainer process (``<prefix>.sample-texts``)."""
+    """The texts of chosen samples of one trainer process (``<prefix>.sample-texts``)."""
 
     entries: list[SampleTextEntry]
 

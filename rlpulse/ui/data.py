@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict
 from typing import Any, Final
 
 import duckdb
@@ -46,6 +47,7 @@ from rlpulse.offline.stacks import (
     group_ranks,
     newest_capture,
 )
+from rlpulse.offline.step_samples import step_samples
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import Settings
@@ -476,7 +478,10 @@ class RunData:
         return jsonable({"silence": silence, "stacks": groups})  # type: ignore[no-any-return]
 
     def step(self, run_id: str, step: int, margin_s: float = 2.0) -> dict[str, Any]:
-        """Everything about one step: summaries, ranks' metrics, logs, commands, acks, verdicts.
+        """Everything about one step: summaries, metrics, logs, commands, samples.
+
+        That is its summaries, every rank's metrics, the log records, commands, acks and
+        verdicts, and its rollout samples (the reward histogram, the chosen texts, per split).
 
         Times of events and log records are on the brokers' clock (``timestamp_ns`` and
         ``clock_offset_ns`` keep the host's; ``clocks``: each host's offset in ns, None where
@@ -485,6 +490,7 @@ class RunData:
         with self._lock:
             try:
                 context = step_context(self._connection(), run_id, step, margin_s)
+                samples = step_samples(self._connection(), run_id, step)
             except QueryError as exc:
                 if "has nothing of step" in str(exc):
                     raise NotFoundError(str(exc)) from None
@@ -504,6 +510,7 @@ class RunData:
                 "acks": _distinct(context.acks.dicts(), ("command_id", "status")),
                 "verdicts": _distinct(context.verdicts.dicts(), ("command_id",)),
                 "clocks": context.host_offsets(),
+                "samples": [asdict(part) for part in samples],
             }
         )
         return answer

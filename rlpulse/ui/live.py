@@ -32,7 +32,9 @@ __all__ = ["LIVE_TABLES", "LiveTail"]
 
 log = logging.getLogger(__name__)
 
-LIVE_TABLES: Final = ("steps", "commands", "acks", "verdicts", "events", "logs")
+LIVE_TABLES: Final = (
+    "steps", "commands", "acks", "verdicts", "events", "logs", "samples", "sample_texts"
+)  # fmt: skip
 """The archive tables the live tail keeps (not audits or dead letters)."""
 _RETRY_S: Final = 5.0
 

@@ -8,6 +8,7 @@ and the step's statistics as an event of stage ``samples``.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -18,10 +19,11 @@ import pytest
 
 from rlpulse.archive.catalog import query_archive
 from rlpulse.local.archiver_process import ArchiverProcess
+from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.producers import RunLink
-from rlpulse.settings import ProducerSettings
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
+from rlpulse.settings import ProducerSettings
 from tests.integration.scripted_run import consume_all
 from tests.kafka import settings_at
 from tests.waiting import wait_for
@@ -77,7 +79,10 @@ def test_a_step_s_samples_arrive_once_with_their_chosen_texts_and_statistics(
     reasons = {reason for t in texts for reason in t["chosen"]}
     assert {"best", "worst", "truncated", "group"} <= reasons, reasons
     assert all(t["response_head"] for t in texts)
-    events = [codec.decode_event(v) for v in consume_all(kafka_bootstrap, topics.events, lambda v: len(v) >= 3, 30.0)]
+    events = [
+        codec.decode_event(v)
+        for v in consume_all(kafka_bootstrap, topics.events, lambda v: len(v) >= 3, 30.0)
+    ]
     (stats,) = [e for e in events if e["stage"] == "samples"]
     assert stats["step"] == 3 and stats["metrics"]["samples/count"] == 1024.0
     assert stats["metrics"]["samples/truncated_ratio"] == pytest.approx(94 / 1024)
@@ -118,22 +123,21 @@ def test_an_older_agent_on_the_host_still_sends_events_and_logs_and_leaves_sampl
             "the older agent to serve the spool",
             timeout_s=60.0,
         )
-        settings = settings_at(
-            kafka_bootstrap, topics, producer=ProducerSettings(spool_dir=spool)
-        )
+        settings = settings_at(kafka_bootstrap, topics, producer=ProducerSettings(spool_dir=spool))
         link = RunLink("upgrading", settings=settings)
         for step in range(5):
             link.log({"loss": 1.0 / (step + 1)}, step)
             link.log_record("INFO", 20, "trainer", f"step {step}", step=step)
             link.log_samples(a_step(64, step), step=step)
         codec = default_codec()
-        events = consume_all(
-            kafka_bootstrap, topics.events, lambda values: len(values) >= 10, 60.0
-        )
+        events = consume_all(kafka_bootstrap, topics.events, lambda values: len(values) >= 10, 60.0)
         stages = sorted(codec.decode_event(value)["stage"] for value in events)
         assert stages == ["samples"] * 5 + ["trainer"] * 5  # the step's statistics are events
         logs = consume_all(
-            kafka_bootstrap, topics.logs, lambda values: sum(len(codec.decode_logs(v)) for v in values) >= 5, 60.0
+            kafka_bootstrap,
+            topics.logs,
+            lambda values: sum(len(codec.decode_logs(v)) for v in values) >= 5,
+            60.0,
         )
         assert sum(len(codec.decode_logs(value)) for value in logs) == 5
         assert consume_all(kafka_bootstrap, topics.samples, lambda values: False, 3.0) == []
@@ -180,7 +184,9 @@ def test_the_archive_holds_every_sample_once_and_answers_the_seed_s_question(
             every_s=0.5,
         )
         wait_for(
-            lambda: _count(root, topics, "SELECT count(*) FROM audits WHERE run_id = 'archived'") > 0,
+            lambda: (
+                _count(root, topics, "SELECT count(*) FROM audits WHERE run_id = 'archived'") > 0
+            ),
             "the run's audit",
             timeout_s=120.0,
             every_s=0.5,
@@ -199,7 +205,9 @@ def test_the_archive_holds_every_sample_once_and_answers_the_seed_s_question(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.strip().splitlines()[-1]) == pytest.approx(wanted, rel=1e-5)
-    assert _count(root, topics, "SELECT count(DISTINCT (step, sample_index)) FROM samples") == len(logged)
+    assert _count(root, topics, "SELECT count(DISTINCT (step, sample_index)) FROM samples") == len(
+        logged
+    )
     assert _count(root, topics, "SELECT count(*) FROM sample_texts") > 0
     audit = subprocess.run(
         [sys.executable, "-m", "rlpulse", "audit", "--run", "archived", "--archive", str(root),
@@ -215,3 +223,56 @@ def _count(root: Path, topics: Topics, sql: str) -> int:
         return -1
     _, rows = query_archive(str(root), topics, sql)
     return int(rows[0][0])
+
+
+TRUNCATION_RULE = """version: 1
+rules:
+  - id: truncated-responses
+    metric: samples/truncated_ratio
+    when: "> 0.3"
+    for_steps: 3
+    once: true
+    actions: [{alert: {message: "samples cut at the limit"}}]
+"""
+
+
+def test_a_rule_on_a_sample_statistic_fires_live_and_in_the_backtest_alike(
+    kafka_bootstrap: str, topics: Topics, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(TRUNCATION_RULE)
+    logs = tmp_path / "logs"
+    worker = WorkerProcess(
+        kafka_bootstrap, topics.prefix, tmp_path / "worker.log", rules=str(rules), grace_s=2.0
+    )
+    codec = default_codec()
+    with worker:
+        worker.wait_consuming(timeout_s=90)
+        settings = settings_at(kafka_bootstrap, topics, logging={"log_dir": logs})
+        link = RunLink("cut-short", settings=settings)
+        for step in range(6):
+            samples = a_step(64, step)
+            for index, sample in enumerate(samples):  # from step 2 on, half are cut
+                sample["truncated"] = step >= 2 and index % 2 == 0
+            link.log({"loss": 1.0}, step)
+            link.log_samples(samples, step=step)
+        assert link.close(60) == 0
+        live = [
+            codec.decode_command(value)
+            for value in consume_all(kafka_bootstrap, topics.control, lambda v: len(v) >= 1, 60.0)
+        ]
+    (command,) = [c for c in live if c["run_id"] == "cut-short"]
+    assert (command["rule_id"], command["stage"], command["step"]) == (
+        "truncated-responses", "samples", 4
+    )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "rlpulse", "rules", "backtest", "--rules", str(rules), "--events",
+         str(logs), "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (replayed,) = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert (replayed["command_id"], replayed["reason"]) == (
+        command["command_id"],
+        command["reason"],
+    )

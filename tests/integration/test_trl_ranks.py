@@ -149,19 +149,21 @@ def test_each_rank_publishes_its_own_trl_metrics_and_logs(
     )
     for step in range(1, STEPS + 1):
         for rank in range(RANKS):
-            mine = sorted(
+            ranks_samples = sorted(
                 (s for s in samples if (s["rank"], s["step"]) == (rank, step)),
                 key=lambda s: s["sample_index"],
             )
             call = calls[rank][step]
-            assert [s["response_length"] for s in mine] == call["lengths"]
+            assert [s["response_length"] for s in ranks_samples] == call["lengths"]
             wanted = [math.nan if value is None else value for value in call["rewards"]]
-            assert [s["reward"] for s in mine] == pytest.approx(wanted, nan_ok=True)
-            assert [s["scores"]["reward"] for s in mine] == pytest.approx(wanted, nan_ok=True)
-            assert all(s["advantage"] is not None and s["split"] == "train" for s in mine)
+            assert [s["reward"] for s in ranks_samples] == pytest.approx(wanted, nan_ok=True)
+            assert [s["scores"]["reward"] for s in ranks_samples] == pytest.approx(
+                wanted, nan_ok=True
+            )
+            assert all(s["advantage"] is not None and s["split"] == "train" for s in ranks_samples)
             # 4 completions of one prompt a rank: one group, the prompt's data source
-            assert len({s["group"] for s in mine}) == 1
-            assert len({s["data_source"] for s in mine} & {"arith", "words"}) == 1
+            assert len({s["group"] for s in ranks_samples}) == 1
+            assert len({s["data_source"] for s in ranks_samples} & {"arith", "words"}) == 1
     statistics = [e for e in events if e["stage"] == "samples"]
     assert sorted((e["rank"], e["step"]) for e in statistics) == sorted(own)
     assert all(e["metrics"]["samples/count"] == 4 for e in statistics)

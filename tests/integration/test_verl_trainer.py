@@ -59,7 +59,7 @@ from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import CommandAck, TrainerEvent
 from rlpulse.schemas.topics import Topics
 from tests.integration.test_run_end import run_ends
-from tests.integration.topic_reader import read_until
+from tests.integration.topic_reader import read_many_until, read_until
 from tests.kafka import settings_at
 
 pytestmark = [pytest.mark.slow]
@@ -411,3 +411,160 @@ def test_legacy_trainer_fit_builds_the_tracking_that_commands_act_on(
     assert run_ends(kafka_bootstrap, topics, run_id) == [
         (0, 0, f"stopped by command {stop_id} (operator)")
     ]
+
+
+def agent_loop_fields(index: int, step: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """One sample as ``AgentLoopWorkerTQ._agent_loop_postprocess`` puts it into TransferQueue.
+
+    Its key, fields and tags, with the advantages the trainer adds per token before
+    ``_compute_metrics`` (GRPO: one value on every response token).
+    """
+    import torch
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    prompt, session = divmod(index, SESSIONS)
+    response = RESPONSES[index % len(RESPONSES)]
+    output = AgentLoopOutput(
+        prompt_ids=[3, 5, 6, 7, 8 + prompt % 3],
+        response_ids=response,
+        response_mask=[1] * len(response),
+        reward_score=float(index % 3) / 2,
+        num_turns=2,
+        metrics=AgentLoopMetrics(),
+        extra_fields={
+            "reward_extra_info": {"acc": float(index % 2), "pred": f"answer {index}"},
+            "min_global_steps": step,
+            "max_global_steps": step,
+        },
+    )
+    uid = f"prompt-{prompt}"
+    field = output.as_dict()
+    field.update(
+        {
+            "uid": uid,
+            "session_id": session,
+            "data_source": "tiny" if prompt % 2 == 0 else "other",
+            "reward_model": {"style": "rule", "ground_truth": "two"},
+            "global_steps": step,
+        }
+    )
+    field["loss_mask"] = field["response_mask"]
+    field["advantages"] = torch.full((len(response),), 0.25 * (index - 2), dtype=torch.float32)
+    field["token_level_rewards"] = field["rm_scores"]
+    field["returns"] = field["advantages"].clone()
+    prompt_len, response_len = field["prompts"].size(0), field["responses"].size(0)
+    tags = {
+        "status": "success",
+        "prompt_len": prompt_len,
+        "response_len": response_len,
+        "seq_len": prompt_len + response_len,
+        "global_steps": step,
+        "min_global_steps": step,
+        "max_global_steps": step,
+    }
+    return f"{uid}_{session}_0", field, tags
+
+
+SESSIONS = 2
+RESPONSES = [[9, 10, 1], [4, 4, 4, 4], [6, 7, 8, 9], [1]]
+"""Token ids of the samples' responses: 4 tokens reach data.max_response_length (truncated)."""
+SAMPLES = 6
+
+
+def samples_of(bootstrap: str, topics: Topics, run_id: str, count: int) -> list[Any]:
+    codec = default_codec()
+    return read_many_until(
+        bootstrap,
+        topics.samples,
+        codec.decode_samples,
+        lambda found: len(found) >= count,
+        keep=lambda sample: sample["run_id"] == run_id,
+    )
+
+
+def texts_of(bootstrap: str, topics: Topics, run_id: str) -> list[Any]:
+    codec = default_codec()
+    return read_many_until(
+        bootstrap,
+        topics.sample_texts,
+        codec.decode_sample_texts,
+        lambda found: len(found) > 0,
+        keep=lambda text: text["run_id"] == run_id,
+    )
+
+
+@pytest.mark.broker
+def test_v1_captures_each_sample_from_transfer_queue_before_fit_clears_it(
+    kafka_bootstrap: str,
+    topics: Topics,
+    ray_cluster: None,
+    verl_inputs: Path,
+    tmp_path: Path,
+) -> None:
+    """``_compute_metrics`` over a real TransferQueue: the samples leave before ``kv_clear``."""
+    import transfer_queue as tq
+    from transfer_queue.metadata import KVBatchMeta
+    from verl.trainer.main_ppo import TaskRunnerV1
+    from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    integration.install()
+    run_id = f"verl-v1-samples-{uuid.uuid4().hex[:8]}"
+    config = verl_config(verl_inputs, tmp_path, run_id, kafka_bootstrap, topics, use_v1=True)
+    runner = undecorated(TaskRunnerV1)()
+    with pytest.raises(ValueError, match=GPU_WALL):
+        runner.run(config)
+    trainer = runner.trainer
+    trainer._load_checkpoint()
+    tq.init(config.transfer_queue)
+    try:
+        with pytest.raises(NoRolloutEngineError):
+            trainer.fit(RolloutRequests())
+        step = trainer.global_steps
+        keys, fields, tags = zip(*(agent_loop_fields(i, step) for i in range(SAMPLES)), strict=True)
+        tq.kv_batch_put(
+            keys=list(keys),
+            fields=list_of_dict_to_tensordict(list(fields)),
+            tags=list(tags),
+            partition_id="train",
+        )
+        batch = KVBatchMeta(keys=list(keys), tags=list(tags), partition_id="train")
+        batch = upsample_batch_to_divisible_size(batch, 4, trainer.tokenizer.eos_token_id)
+        assert len(batch) == 8 and sum(t.get("is_padding", False) for t in batch.tags) == 2
+        metrics: dict[str, Any] = {}
+        trainer._compute_metrics(batch, metrics, {"step": 1.0}, global_steps=step, epoch=0)
+        tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)  # fit()'s next line
+        trainer.logger.finish()
+    finally:
+        tq.close()
+    samples = sorted(
+        samples_of(kafka_bootstrap, topics, run_id, SAMPLES), key=lambda s: s["sample_index"]
+    )
+    assert [s["sample_index"] for s in samples] == list(range(SAMPLES))  # no padding row
+    assert {s["step"] for s in samples} == {step}
+    assert [s["reward"] for s in samples] == [float(i % 3) / 2 for i in range(SAMPLES)]
+    assert [s["advantage"] for s in samples] == pytest.approx(
+        [0.25 * (i - 2) for i in range(SAMPLES)]
+    )
+    assert [s["response_length"] for s in samples] == [
+        len(RESPONSES[i % len(RESPONSES)]) for i in range(SAMPLES)
+    ]
+    assert [s["truncated"] for s in samples] == [
+        len(RESPONSES[i % len(RESPONSES)]) >= 4 for i in range(SAMPLES)
+    ]
+    assert all(s["prompt_length"] == 5 and s["num_turns"] == 2 for s in samples)
+    assert [s["group"] for s in samples] == [f"prompt-{i // SESSIONS}" for i in range(SAMPLES)]
+    assert [s["scores"] for s in samples] == [{"acc": float(i % 2)} for i in range(SAMPLES)]
+    assert all(s["dropped_scores"] == ["pred"] for s in samples)
+    assert {s["data_source"] for s in samples} == {"tiny", "other"}
+    texts = texts_of(kafka_bootstrap, topics, run_id)
+    assert {t["sample_index"] for t in texts} <= set(range(SAMPLES))
+    best = max(texts, key=lambda t: t["reward"])
+    assert "best" in best["chosen"] and best["response_head"]
+    assert all(t["ground_truth"] == "two" for t in texts)
+    events = run_events(kafka_bootstrap, topics, run_id)
+    (statistics,) = [e for e in events if e["stage"] == "samples"]
+    assert statistics["metrics"]["samples/count"] == SAMPLES
+    assert statistics["metrics"]["samples/truncated_ratio"] == pytest.approx(
+        sum(len(RESPONSES[i % len(RESPONSES)]) >= 4 for i in range(SAMPLES)) / SAMPLES
+    )

@@ -175,6 +175,24 @@ CASES: dict[str, Case] = {
         healthy=wave(0.2, 0.05, trend=0.004),
         near_miss=[*[0.0] * 9, 0.01, *[0.0] * 9],
     ),
+    "truncated-responses": Case(
+        failing=[0.1, 0.35, 0.4, 0.5, 0.6],
+        fires_at=[4],  # above 0.3 at steps 2, 3, 4; the cooldown holds step 5
+        healthy=wave(0.05, 0.03),
+        near_miss=[0.35, 0.4, 0.3, 0.5, 0.31, 0.1],  # 0.3 is not > 0.3
+    ),
+    "repetitive-responses": Case(
+        failing=[0.0, 0.1, 0.08, 0.2],
+        fires_at=[4],
+        healthy=wave(0.01, 0.008),
+        near_miss=[0.1, 0.1, 0.05, 0.1, 0.1, 0.0],  # 0.05 is not > 0.05
+    ),
+    "empty-responses": Case(
+        failing=[0.0, 0.2, 0.5, 0.15],
+        fires_at=[4],
+        healthy=wave(0.01, 0.01),
+        near_miss=[0.2, 0.2, 0.1, 0.9, 0.9, 0.0],  # 0.1 is not > 0.1
+    ),
     "no-learning-signal": Case(
         failing=[0.5, *[1.0] * 10],
         fires_at=[11],
@@ -205,7 +223,7 @@ NON_FINITE_RULES = [
 
 def test_presets_ship_about_forty_rules() -> None:
     assert list_presets() == ["openrlhf", "seed", "trl", "verl"]
-    assert sum(len(load_preset(name).rules) for name in list_presets()) == 43
+    assert sum(len(load_preset(name).rules) for name in list_presets()) == 47
 
 
 @pytest.mark.parametrize("preset", TRAINER_PRESETS)

@@ -71,7 +71,9 @@ def test_varints_are_avro_s_zigzag_varints(numbers: list[int]) -> None:
     st.integers(min_value=0, max_value=4),
     st.booleans(),
 )
-def test_a_chunk_is_what_the_codec_writes(count: int, seed: int, scores: int, optional: bool) -> None:
+def test_a_chunk_is_what_the_codec_writes(
+    count: int, seed: int, scores: int, optional: bool
+) -> None:
     columns = columns_of(count, seed, scores)
     if optional:
         columns.advantage = columns.group = columns.data_source = None
@@ -115,7 +117,12 @@ def test_a_malformed_sample_is_left_out_with_its_index_and_key() -> None:
     ]
     columns, texts, _, problems = columns_from_mappings(samples)  # type: ignore[arg-type]
     assert len(columns) == len(texts) == 2
-    assert [(p.index, p.key) for p in problems] == [(1, "response"), (2, "reward"), (4, "colour"), (5, "")]
+    assert [(p.index, p.key) for p in problems] == [
+        (1, "response"),
+        (2, "reward"),
+        (4, "colour"),
+        (5, ""),
+    ]
     assert "'reward' must be a number, not 'high'" in str(problems[1])
     assert columns.dropped_scores == ["pred"] and "pred" not in columns.scores
     assert columns.response_length.tolist() == [1, 1]  # characters, where no tokens were given
@@ -183,7 +190,9 @@ def test_a_10_mb_response_is_sent_as_its_head_and_tail_with_its_length_and_diges
     entry = text_entry(0, ["best"], texts[0], columns, True, 4000, 1000, str.upper)
     assert entry.response_head == "A" * 2000 and entry.response_tail == "B" * 2000
     assert entry.response_chars == 10_000_000
-    assert entry.prompt is not None and len(entry.prompt) < 1100 and "characters cut" in entry.prompt
+    assert (
+        entry.prompt is not None and len(entry.prompt) < 1100 and "characters cut" in entry.prompt
+    )
     assert entry.prompt.startswith("P")  # redacted before it is cut
     assert len(entry.response_digest) == 32
     assert cut("short", 4000) == ("short", "")

@@ -657,9 +657,15 @@ class EventLogger(ClosedByWith):
                 prompts_sent.add(group)
                 entries.append(
                     text_entry(
-                        index, chosen[index], text_of(index), columns, first_of_group,
-                        settings.max_text_chars, settings.max_prompt_chars, redact,
-                    )  # fmt: skip
+                        index,
+                        chosen[index],
+                        text_of(index),
+                        columns,
+                        first_of_group,
+                        settings.max_text_chars,
+                        settings.max_prompt_chars,
+                        redact,
+                    )
                 )
         if len(columns) or entries:
             sample_log = self._sample_log or self._new_sample_log()

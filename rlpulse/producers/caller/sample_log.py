@@ -190,4 +190,3 @@ class SampleLog:
 def samples_log_dir(events_log: Path) -> Path:
     """The directory of the samples log beside a logger's events log."""
     return events_log.with_name(events_log.name + SAMPLES_SUFFIX)
-

@@ -137,7 +137,9 @@ def columns_from_mappings(
                 raise _Bad("", f"is a {type(sample).__name__}, not a mapping")
             unknown = sample.keys() - _KEYS
             if unknown:
-                raise _Bad(sorted(unknown)[0], f"is not a sample's key ({', '.join(sorted(_KEYS))})")
+                raise _Bad(
+                    sorted(unknown)[0], f"is not a sample's key ({', '.join(sorted(_KEYS))})"
+                )
             prompt, response = _text(sample, "prompt"), _text(sample, "response")
             truth = sample.get("ground_truth")
             if truth is not None and not isinstance(truth, str):
@@ -318,7 +320,9 @@ def _gram_repetition(symbols: Ints, gram: int) -> Floats:
         valid &= window >= 0
         hashed = hashed * np.uint64(0x100000001B3) + window.astype(np.uint64)
     # A window with a gap gets a value of its own, never equal to another.
-    hashed = np.where(valid, hashed >> np.uint64(1), np.uint64(1 << 63) + np.arange(places, dtype=np.uint64))
+    hashed = np.where(
+        valid, hashed >> np.uint64(1), np.uint64(1 << 63) + np.arange(places, dtype=np.uint64)
+    )
     ordered = np.sort(hashed, axis=1)
     distinct = 1 + np.count_nonzero(ordered[:, 1:] != ordered[:, :-1], axis=1)
     gaps = places - valid.sum(axis=1)
@@ -351,7 +355,9 @@ def text_repetition(responses: Sequence[str]) -> Floats:
     symbols = np.frombuffer(raw, dtype=np.uint8).reshape(len(responses), width).astype(np.int64)
     # Padding bytes (the zeros before a short tail) are no symbols.
     lengths = np.fromiter(
-        (min(width, len(r[-width:].encode())) for r in responses), dtype=np.int64, count=len(responses)
+        (min(width, len(r[-width:].encode())) for r in responses),
+        dtype=np.int64,
+        count=len(responses),
     )
     symbols[np.arange(width)[None, :] < (width - lengths)[:, None]] = -1
     return _gram_repetition(symbols, CHAR_GRAM)
@@ -366,7 +372,8 @@ def response_identity(tails: Ints, heads: Ints, lengths: Ints) -> Ints:
     """
     weights = np.random.default_rng(7).integers(1, 2**62, size=tails.shape[1] + heads.shape[1])
     mixed = np.concatenate([tails, heads], axis=1).astype(np.int64) * weights
-    return (mixed.sum(axis=1) * 31 + lengths).astype(np.int64)
+    identity: Ints = (mixed.sum(axis=1) * 31 + lengths).astype(np.int64)
+    return identity
 
 
 # -- the step's statistics ----------------------------------------------------------------------
@@ -460,7 +467,9 @@ def _group_statistics(group: Ints, reward: Floats, identity: Ints) -> dict[str, 
     by_id = np.lexsort((ids[order], codes))
     id_codes, id_values = group[grouped][by_id], ids[by_id]
     new = np.r_[True, (id_codes[1:] != id_codes[:-1]) | (id_values[1:] != id_values[:-1])]
-    distinct = np.add.reduceat(new.astype(np.int64), np.flatnonzero(np.r_[True, id_codes[1:] != id_codes[:-1]]))
+    distinct = np.add.reduceat(
+        new.astype(np.int64), np.flatnonzero(np.r_[True, id_codes[1:] != id_codes[:-1]])
+    )
     stats = {
         "samples/groups": float(len(starts)),
         "samples/distinct_responses_per_group": float(distinct.mean()),
@@ -502,7 +511,13 @@ def choose_texts(
     by_reward = np.argsort(-reward, kind="stable")
     if quarter:
         take(by_reward, "best", quarter)
-        take(np.argsort(np.where(np.isfinite(columns.reward), columns.reward, np.inf), kind="stable"), "worst", quarter)
+        take(
+            np.argsort(
+                np.where(np.isfinite(columns.reward), columns.reward, np.inf), kind="stable"
+            ),
+            "worst",
+            quarter,
+        )
         longest = np.argsort(-columns.response_length, kind="stable")
         cut = longest[columns.truncated[longest]]
         take(cut if len(cut) else longest, "truncated" if len(cut) else "longest", quarter)
@@ -569,8 +584,14 @@ def text_entry(
     response = clean(raw.response)
     head, tail = cut(response, max_text_chars)
     prompt = clean(raw.prompt) if with_prompt else None
-    truth = None if raw.ground_truth is None else _cut_whole(clean(raw.ground_truth), max_prompt_chars)
-    group = None if columns.group is None or columns.group[index] < 0 else columns.groups[int(columns.group[index])]
+    truth = (
+        None if raw.ground_truth is None else _cut_whole(clean(raw.ground_truth), max_prompt_chars)
+    )
+    group = (
+        None
+        if columns.group is None or columns.group[index] < 0
+        else columns.groups[int(columns.group[index])]
+    )
     source = (
         None
         if columns.data_source is None or columns.data_source[index] < 0
@@ -594,4 +615,3 @@ def text_entry(
 
 def _same(text: str) -> str:
     return text
-

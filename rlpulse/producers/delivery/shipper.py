@@ -6,7 +6,8 @@ gone: each event as its own message to the events topic (the worker joins events
 one; a batch would hold a command back), consecutive log records as LogBatch messages of at
 most ``batch_max_bytes`` to the logs topic, gathered for ``linger_s`` unless an event comes
 after them. A samples log's rollout samples and chosen texts go the way log records do, in
-SampleBatch and SampleTextBatch messages to their own topics. Events go through one producer and log batches through another
+SampleBatch and SampleTextBatch messages to their own topics. Events go through one producer
+and log batches through another
 (:class:`Producers`), so an event never waits behind a batch's request. Every message
 carries the producer id and its seqs in headers (:mod:`rlpulse.producers.delivery.readback`)
 and the host's clock offset when one is known (:mod:`rlpulse.producers.delivery.clock`). It

@@ -361,7 +361,7 @@ def _items(parsed: Mapping[str, Any]) -> Any:
 
 
 def _columns(**values: Any) -> SampleColumns:
-    arrays = {
+    arrays: dict[str, Any] = {
         name: np.asarray(value) if isinstance(value, list) and name not in _LISTS else value
         for name, value in values.items()
     }

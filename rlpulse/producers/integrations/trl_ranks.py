@@ -28,11 +28,11 @@ Only what runs inside ``training_step`` counts (evaluation does not). Each value
 averaged over the step like TRL's ``log`` averages its lists (NaN left out).
 
 The same two hooks give this rank's rollout samples (with a ``sample_sink``, which the
-callback sets to its link's :meth:`~rlpulse.producers.caller.logger.EventLogger.log_sample_columns`),
-with no extra gather: ``_calculate_rewards`` gets this rank's prompts, completions (the texts
-TRL decoded for its reward functions) and completion ids, and returns every function's
-rewards (this rank's rows: the reward, before RLOO's KL penalty, and one score per
-function); ``_generate_and_score_completions`` (GRPO l.2324, RLOO l.1458) returns this rank's
+callback sets to its link's ``EventLogger.log_sample_columns``), with no extra gather:
+``_calculate_rewards`` gets this rank's prompts, completions (the texts TRL decoded for
+its reward functions) and completion ids, and returns every function's rewards (this rank's
+rows: the reward, before RLOO's KL penalty, and one score per function);
+``_generate_and_score_completions`` (GRPO l.2324, RLOO l.1458) returns this rank's
 ``prompt_mask`` and ``advantages``. A group is ``num_generations`` consecutive completions of
 the global batch (a group may straddle two ranks: each logs its part). Truncated is TRL's own
 per-sample test (l.2302: the last token is neither EOS nor pad). TRL generates once for
@@ -54,8 +54,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rlpulse.producers.caller.samples import RawText
     from rlpulse.producers.encoding.samples import Ints, SampleColumns
+    from rlpulse.schemas.records import SampleSplit
 
-    SampleSink = Callable[[SampleColumns, Ints, Callable[[int], RawText], int, str], None]
+    SampleSink = Callable[
+        [SampleColumns, Ints, Callable[[int], RawText] | None, int, SampleSplit], None
+    ]
 
 log = logging.getLogger(__name__)
 

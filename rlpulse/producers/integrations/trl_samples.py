@@ -16,8 +16,14 @@ from typing import Any, Final
 
 import numpy as np
 
-from rlpulse.producers.caller.samples import TOKEN_TAIL, RawText, response_identity, token_repetition
+from rlpulse.producers.caller.samples import (
+    TOKEN_TAIL,
+    RawText,
+    response_identity,
+    token_repetition,
+)
 from rlpulse.producers.encoding.samples import Ints, SampleColumns
+from rlpulse.schemas.records import SampleSplit
 
 __all__ = ["GROUND_TRUTH_COLUMNS", "CapturedSamples", "rank_samples"]
 
@@ -33,7 +39,7 @@ class CapturedSamples:
     identity: Ints
     text_of: Callable[[int], RawText]
     step: int
-    split: str
+    split: SampleSplit
 
 
 def _text(value: Any) -> str:
@@ -69,7 +75,7 @@ def _edges(ids: Sequence[Sequence[int]], width: int, tail: bool) -> Ints:
 def rank_samples(
     trainer: Any, arguments: tuple[Any, ...], every_rank: Any, output: Mapping[str, Any]
 ) -> CapturedSamples:
-    """This rank's samples of the generation whose rewards and output the hooks saw."""
+    """The samples of this rank's generation whose rewards and output the hooks saw."""
     inputs, prompts, completions, completion_ids = arguments[:4]
     count = len(prompts)
     index = int(trainer.accelerator.process_index)

@@ -21,8 +21,10 @@ workers verl starts inherit it), installs the backend, and runs
 The ``rlpulse`` block of verl's config is :class:`VerlSettings`. Each step's dict is
 split into stages by metric prefix (``actor/`` -> ``actor``, ``critic/`` -> ``critic``,
 ``response_length/`` -> ``rollout``, ...; the rest -> ``trainer``) and published from
-rank 0 with world size 1; metric names keep their prefix, and the seed's names are added for
-verl's (:mod:`~rlpulse.producers.integrations.canonical`). After publishing, the backend
+rank 0 with world size 1 (each step's rollout samples too, captured on the driver:
+:mod:`~rlpulse.producers.integrations.verl_samples`); metric names keep their prefix,
+and the seed's names are added for verl's
+(:mod:`~rlpulse.producers.integrations.canonical`). After publishing, the backend
 polls the run's commands and applies them to the trainer whose ``fit()`` built the
 ``Tracking`` (see :mod:`~rlpulse.producers.integrations.verl_trainer`).
 """
@@ -42,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rlpulse.exceptions import SettingsError
 from rlpulse.producers.caller.ending import exited, stopped_by
 from rlpulse.producers.caller.link import RunLink
-from rlpulse.producers.integrations import verl_workers
+from rlpulse.producers.integrations import verl_samples, verl_workers
 from rlpulse.producers.integrations.canonical import VERL_NAMES, canonical_metrics
 from rlpulse.producers.integrations.commands import (
     ActionHandler,
@@ -294,6 +296,7 @@ def install() -> None:
     from verl.utils.tracking import Tracking
 
     install_runtime_env()
+    verl_samples.install()
     if BACKEND in Tracking.supported_backend:
         return
     Tracking.supported_backend = [*Tracking.supported_backend, BACKEND]
@@ -315,6 +318,8 @@ def install() -> None:
             trainer = caller if is_verl_trainer(caller) else None
             backend = RlpulseBackend.create(config, experiment_name, trainer)
             self.logger[BACKEND] = backend
+            if trainer is not None:
+                verl_samples.bind(trainer, backend.link)
             verl_workers.driver_started(
                 trainer,
                 backend.link,

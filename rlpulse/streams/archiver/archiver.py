@@ -153,7 +153,10 @@ class Archiver:
         # run -> (when its last event, not a run_end, was read; its events partition)
         self._heard: dict[str, tuple[float, int]] = {}
         self._watched = (
-            self.topics.events, self.topics.logs, self.topics.samples, self.topics.sample_texts
+            self.topics.events,
+            self.topics.logs,
+            self.topics.samples,
+            self.topics.sample_texts,
         )
         self._next_silence_check = 0.0
         self._next_prune = 0.0

@@ -1,13 +1,14 @@
-"""Search documents: one per log record and one per step summary, each with a stable id.
+"""Search documents: one per log record, step summary and chosen sample, each with a stable id.
 
 A document's id comes from what identifies its record, never from when it was read: a log
-record is ``<producer_id>:<seq>``, a step summary its ``summary_id``. Indexing a record again
+record and a chosen sample's texts are ``<producer_id>:<seq>``, a step summary its
+``summary_id``. Indexing a record again
 (a restarted indexer reading past its last commit, a replay) overwrites the same document, so
 the index holds every record exactly once.
 
 Each document goes to the daily index of its record's own time (UTC):
-``<prefix>-logs-YYYY.MM.DD`` or ``<prefix>-steps-YYYY.MM.DD``; a record read late still lands
-in the day it happened.
+``<prefix>-logs-YYYY.MM.DD``, ``<prefix>-steps-YYYY.MM.DD`` or
+``<prefix>-sample-texts-YYYY.MM.DD``; a record read late still lands in the day it happened.
 """
 
 from __future__ import annotations
@@ -20,19 +21,22 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any, Final
 
-from rlpulse.schemas.records import LogBatch, StepSummary
+from rlpulse.schemas.records import LogBatch, SampleTextBatch, StepSummary
 
 __all__ = [
     "LOGS",
+    "SAMPLE_TEXTS",
     "STEPS",
     "Document",
     "IndexNames",
     "log_batch_documents",
+    "sample_text_documents",
     "summary_document",
 ]
 
 LOGS: Final = "logs"
 STEPS: Final = "steps"
+SAMPLE_TEXTS: Final = "sample-texts"
 _NS_PER_DAY: Final = 86_400 * 10**9
 _NS_PER_MS: Final = 10**6
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
@@ -62,7 +66,7 @@ class IndexNames:
         self._names: dict[tuple[str, int], str] = {}
 
     def pattern(self, kind: str) -> str:
-        """The wildcard pattern of every daily index of ``kind`` (``logs`` or ``steps``)."""
+        """The wildcard pattern of every daily index of ``kind`` (``logs``, ``steps`` ...)."""
         return f"{self.prefix}-{kind}-*"
 
     def of(self, kind: str, when_ns: int) -> str:
@@ -75,10 +79,14 @@ class IndexNames:
         return name
 
 
-def log_batch_documents(names: IndexNames, batch: LogBatch) -> list[Document]:
-    """The documents of a LogBatch's records, one a record: its fields, ``@timestamp`` in ms.
+def log_batch_documents(
+    names: IndexNames, batch: LogBatch | SampleTextBatch, kind: str = LOGS
+) -> list[Document]:
+    """The documents of a batch's records, one a record: its fields, ``@timestamp`` in ms.
 
-    Id ``<producer_id>:<seq>``. The fields the batch's records share are encoded once.
+    Id ``<producer_id>:<seq>``. The fields the batch's records share are encoded once. A
+    LogBatch's go to the logs indices; a SampleTextBatch's (``kind`` :data:`SAMPLE_TEXTS`,
+    :func:`sample_text_documents`) to the sample texts'.
     """
     shared = {key: value for key, value in batch.items() if key != "entries"}
     head = _dumps(shared)[:-1]  # '{"run_id":...,"producer_id":"..."' without its closing brace
@@ -89,9 +97,18 @@ def log_batch_documents(names: IndexNames, batch: LogBatch) -> list[Document]:
         own = _dumps(entry)[1:-1]
         body = f'{head},{own},"@timestamp":{when // _NS_PER_MS}}}'
         documents.append(
-            Document(names.of(LOGS, when), f"{producer}:{entry['seq']}", run_id, body.encode())
+            Document(names.of(kind, when), f"{producer}:{entry['seq']}", run_id, body.encode())
         )
     return documents
+
+
+def sample_text_documents(names: IndexNames, batch: SampleTextBatch) -> list[Document]:
+    """The documents of a SampleTextBatch, one a chosen sample.
+
+    Its prompt, response head and tail and ground truth are text to search; the rest are
+    keywords and numbers.
+    """
+    return log_batch_documents(names, batch, SAMPLE_TEXTS)
 
 
 def summary_document(names: IndexNames, summary: StepSummary) -> Document:

@@ -51,6 +51,7 @@ from rlpulse.streams.indexer.documents import (
     Document,
     IndexNames,
     log_batch_documents,
+    sample_text_documents,
     summary_document,
 )
 from rlpulse.streams.indexer.exceptions import IndexerError
@@ -208,12 +209,16 @@ class Indexer:
         self._say(
             f"indexing into {engine} at {self.url}: {self.names.pattern('logs')}, "
             f"{self.names.pattern('steps')}"
+            + (f", {self.names.pattern('sample-texts')}" if index.sample_texts else "")
         )
+        topics = [self.topics.logs, self.topics.steps]
+        if index.sample_texts:
+            topics.append(self.topics.sample_texts)
         consumer = self._consumer = join_group(
             self.settings,
             self.settings.index_group,
             "indexer",
-            [self.topics.logs, self.topics.steps],
+            topics,
             index,
             FETCHING,
             on_assign=self._on_assign,
@@ -247,6 +252,7 @@ class Indexer:
     def _take_all(self, messages: list[Message]) -> None:
         """Turn messages into documents of the next request; send each request that fills."""
         names, codec, logs = self.names, self.codec, self.topics.logs
+        texts = self.topics.sample_texts
         for message in messages:
             error = message.error()
             if error is not None and is_fatal(error):
@@ -268,6 +274,8 @@ class Indexer:
                 value = message.value() or b""
                 if topic == logs:
                     documents = log_batch_documents(names, codec.decode_log_batch(value))
+                elif topic == texts:
+                    documents = sample_text_documents(names, codec.decode_sample_text_batch(value))
                 else:
                     documents = [summary_document(names, codec.decode_summary(value))]
             except (SchemaError, ValueError, KeyError) as exc:

@@ -228,6 +228,7 @@ async function openStep(step) {
     parts.push(el("h3", "Verdicts"));
     parts.push(table(["rule_id", "verdict", "applied_at_step", "decided_at_step", "reason"], s.verdicts, null, (c, r) => fmt(r[c])));
   }
+  for (const part of s.samples || []) parts.push(...sampleParts(part, step));
   parts.push(el("h3", `Log records (${s.logs.length}; most severe first)`));
   const filters = el("div", null, "controls");
   filters.innerHTML = '<label>level <select id="log-level"><option value="">all</option><option>CRITICAL</option><option>ERROR</option><option>WARNING</option><option>INFO</option><option>DEBUG</option></select></label> <label>rank <input id="log-rank" size="5"></label> <label>text <input id="log-text" size="24"></label>';
@@ -252,6 +253,49 @@ async function openStep(step) {
   for (const id of ["log-level", "log-rank", "log-text"]) document.getElementById(id).oninput = redraw;
   redraw();
   panel.scrollIntoView({ behavior: "instant", block: "start" });
+}
+
+// One split of a step's rollout samples: the reward histogram over all of them, then the
+// chosen samples' texts, best reward first, each with its numbers and why it was chosen.
+function sampleParts(part, step) {
+  const shares = Object.entries(part.shares || {}).map(([k, v]) => `${k} ${(100 * v).toFixed(1)} %`).join(", ");
+  const out = [el("h3", `Rollout samples (${part.split}): ${part.count}${shares ? ` — ${shares}` : ""}`)];
+  if (part.counts.length) {
+    const chart = el("div", null, "chart short"); chart.id = `samples-${part.split}`;
+    out.push(chart);
+    const centers = part.counts.map((_, i) => (part.edges[i] + part.edges[i + 1]) / 2);
+    const widths = part.counts.map((_, i) => part.edges[i + 1] - part.edges[i]);
+    requestAnimationFrame(() => Plotly.newPlot(chart, [{ x: centers, y: part.counts, width: widths, type: "bar", name: "samples", hovertemplate: "reward %{x:.4g}: %{y} samples<extra></extra>" }],
+      { margin: { t: 10, r: 10, b: 40, l: 50 }, xaxis: { title: { text: "reward" } }, yaxis: { title: { text: "samples" } }, bargap: 0.02 }, CONFIG));
+  }
+  out.push(el("div", `${part.texts.length} chosen samples' texts, best reward first (head and tail of each response; a cut is marked).`, "hint"));
+  const box = el("div", null, "samples");
+  for (const t of part.texts) box.appendChild(sampleCard(t));
+  out.push(box);
+  return out;
+}
+
+function sampleCard(t) {
+  const card = el("div", null, "sample");
+  const scores = Object.entries(t.scores || {}).map(([k, v]) => `${k}=${fmt(v, 4)}`).join(", ");
+  const facts = [`reward ${fmt(t.reward, 4)}`, `rank ${t.rank} #${t.sample_index}`,
+    t.response_length != null ? `${t.response_length} long` : "", t.truncated ? "truncated" : "",
+    t.repetition != null ? `repetition ${fmt(t.repetition, 3)}` : "", t.group ? `group ${t.group}` : "",
+    t.data_source ? `source ${t.data_source}` : "", scores].filter(Boolean).join(" · ");
+  const head = el("div", null, "sample-head");
+  head.appendChild(el("span", t.chosen.join(", "), "chosen"));
+  head.appendChild(el("span", ` ${facts}`));
+  card.appendChild(head);
+  if (t.prompt) card.appendChild(el("pre", `prompt: ${t.prompt}`, "prompt"));
+  const response = el("pre", null, "response");
+  response.appendChild(document.createTextNode(t.response_head));
+  if (t.response_tail) {
+    response.appendChild(el("span", ` [… ${t.response_chars - t.response_head.length - t.response_tail.length} characters cut …] `, "cut"));
+    response.appendChild(document.createTextNode(t.response_tail));
+  }
+  card.appendChild(response);
+  if (t.ground_truth) card.appendChild(el("div", `ground truth: ${t.ground_truth}`, "hint"));
+  return card;
 }
 
 function onClick(gd) {
