@@ -657,7 +657,7 @@ class SamplesSettings(_Section):
         ),
     )
     group_texts: int = Field(
-        default=16, ge=0, le=1024, description="At most this many samples of the whole group."
+        default=8, ge=0, le=1024, description="At most this many samples of the whole group."
     )
     texts_every_steps: int = Field(
         default=1, ge=1, description="Texts are sent for every n-th step (numbers every step)."

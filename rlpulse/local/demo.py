@@ -5,7 +5,9 @@ exporter (Prometheus metrics, namespace ``verl``, on a free port; its URL is pri
 an archiver (into the demo's own directory, rolled every second) and the run page
 (``rlpulse ui``, its URL printed), then plays a PPO-like run: its reward turns unstable
 around step 20 and its KL divergence passes 0.3 from step 40. Each rank logs text records
-too (a WARNING when the reward swings, an ERROR while the KL is above 0.3). The run reacts to
+too (a WARNING when the reward swings, an ERROR while the KL is above 0.3), and rank 0 its
+rollout samples (64 a step; once the KL is past the limit more and more of them end in a
+loop, cut at the length limit). The run reacts to
 the commands it receives — the rollout batch doubles to 128, then 256 and no further; a
 checkpoint is written; the run stops — and acknowledges each one. At the end it prints a few
 of the gauges the exporter serves and the verdicts on the doublings (they did not help: the
@@ -58,6 +60,8 @@ NAMESPACE = "verl"
 SHOWN_GAUGES = ("verl_reward_mean", "verl_kl_divergence")
 SHOWN_VERDICTS = "rlpulse_run_action_verdicts_total{"
 SHOWN_RANKS = ('rank="0"', 'rank="1"')
+SAMPLES_PER_STEP = 64
+"""Rollout samples rank 0 logs each step (16 prompts, 4 answers each)."""
 
 
 @dataclass
@@ -84,6 +88,41 @@ class SimulatedRun:
         if step >= KL_BREACH_FROM:
             kl = 0.35 + 0.01 * (step - KL_BREACH_FROM) + self.rng.uniform(0.0, 0.02)
         return {"kl_divergence": kl, "policy_loss": 0.3 + self.rng.gauss(0.0, 0.01)}
+
+    def rollout_samples(self, step: int) -> list[dict[str, object]]:
+        """Rank 0's rollout samples of the step: 16 prompts x 4 answers, arithmetic.
+
+        While the KL is past the limit more and more answers end in a loop (and hit the
+        length limit); the reward stays as the metrics say. A random source of its own: the
+        metrics (and so the commands) are those of a run without samples.
+        """
+        rng = random.Random(step)
+        looping = max(0.0, min(0.8, 0.1 * (step - KL_BREACH_FROM + 1)))
+        samples: list[dict[str, object]] = []
+        for index in range(SAMPLES_PER_STEP):
+            a, b = rng.randrange(2, 50), rng.randrange(2, 50)
+            right = rng.random() < 0.6
+            answer = a + b if right else a + b + rng.choice((-1, 1))
+            response = (
+                f"{a} plus {b}: first {a} + {b - b % 10} = {a + b - b % 10}, then add "
+                f"{b % 10}. The answer is {answer}."
+            )
+            cut = rng.random() < looping
+            if cut:
+                response = f"{a} plus {b}: " + "let me add them again, " * 200
+            samples.append(
+                {
+                    "prompt": f"What is {a} plus {b}?",
+                    "response": response,
+                    "reward": 0.0 if cut else float(right),
+                    "group": f"step{step}-q{index // 4}",
+                    "data_source": "arithmetic" if index % 8 else "word-problems",
+                    "scores": {"correct": float(right and not cut), "format": 0.0 if cut else 1.0},
+                    "truncated": cut,
+                    "ground_truth": str(a + b),
+                }
+            )
+        return samples
 
     def apply(self, command: ControlCommand, step: int) -> tuple[AckStatus, dict[str, str]]:
         """Apply every action of ``command``; return the ack status and its detail."""
@@ -279,6 +318,7 @@ def _log_step(say: Console, run: SimulatedRun, ranks: list[EventLogger], step: i
         logger.log(rollout, step=step, stage="rollout")
         logger.log(actor, step=step, stage="actor")
         _log_text(logger, step, rank, rollout, actor)
+    ranks[0].log_samples(run.rollout_samples(step), step, world_size=1)
     for logger in ranks:
         logger.flush(timeout_s=5.0)
     reward, kl = math.fsum(rewards) / WORLD_SIZE, math.fsum(kls) / WORLD_SIZE

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from rlpulse.schemas.jsonl import MalformedLine, RankRecord, read_rank_logs
-from rlpulse.schemas.records import SAMPLE_STAGES
+from rlpulse.schemas.records import READING_STAGES
 
 __all__ = [
+    "READING_STAGES",
     "RUN_FIELD",
-    "SAMPLE_STAGES",
     "STDOUT",
     "AggregateSummary",
     "Aggregator",
@@ -65,7 +65,7 @@ class Aggregator:
     def add(self, record: RankRecord) -> None:
         """Merge one line into the row of its merge key."""
         values = tuple(record.fields.get(name) for name in self.merge_on)
-        sampled = record.stage if record.stage in SAMPLE_STAGES else None
+        sampled = record.stage if record.stage in READING_STAGES else None
         run = None if RUN_FIELD in self.merge_on else record.fields.get(RUN_FIELD)
         row = json.dumps([*values, sampled, run], sort_keys=True)  # hashable; NaN equals NaN
         self._keys.setdefault(row, values)

@@ -38,7 +38,7 @@ from rlpulse.rules.verdicts import open_check
 
 __all__ = ["COMMAND_NAMESPACE", "MISSING_RANKS", "Firing", "RuleEngine", "command_id"]
 from rlpulse.schemas.records import (
-    SAMPLE_STAGES,
+    READING_STAGES,
     Action,
     ControlCommand,
     MetricStats,
@@ -82,7 +82,7 @@ class _RuleEvaluator:
         if (
             self.rule.stage is None
             and self.rule.missing_ranks
-            and summary["stage"] in SAMPLE_STAGES
+            and summary["stage"] in READING_STAGES
         ):
             return False  # each rank samples at its own pace: a sample's "missing" says nothing
         if self.rule.match is None:

@@ -15,9 +15,9 @@ ClosedBy = Literal["complete", "grace", "run_end"]
 
 SYSTEM_STAGE: Final = "system"
 """The stage of the system sampler's events (:mod:`rlpulse.producers.caller.system`)."""
-SAMPLE_STAGES: Final = frozenset({SYSTEM_STAGE})
-"""Stages whose ``step`` numbers samples, not training steps: a hung run still sends them,
-and their ranks sample at their own pace."""
+READING_STAGES: Final = frozenset({SYSTEM_STAGE})
+"""Stages whose ``step`` numbers readings (the system sampler's), not training steps: a hung
+run still sends them, and their ranks take them at their own pace."""
 CommandOrigin = Literal["rule", "operator"]
 AckStatus = Literal["applied", "noop", "rejected", "failed"]
 VerdictKind = Literal["effective", "ineffective", "unknown"]
@@ -292,6 +292,12 @@ class SampleTextBatch(_SampleSource):
     """The texts of chosen samples of one trainer process (``<prefix>.sample-texts``)."""
 
     entries: list[SampleTextEntry]
+
+
+READER_VIEWS: Final = frozenset({"RolloutSample", "SampleText"})
+"""TypedDicts of what readers make of a batch's entries (one record a sample), not wire records:
+:meth:`Codec.decode_samples <rlpulse.schemas.codec.Codec.decode_samples>` and
+:meth:`~rlpulse.schemas.codec.Codec.decode_sample_texts` return them."""
 
 
 class SequenceGap(TypedDict):

@@ -26,7 +26,7 @@ from rlpulse.rules import silence, verdicts
 from rlpulse.rules.evaluator import RuleEngine
 from rlpulse.rules.state import RunState, new_run_state
 from rlpulse.schemas.records import (
-    SAMPLE_STAGES,
+    READING_STAGES,
     ActionVerdict,
     CommandAck,
     ControlCommand,
@@ -139,7 +139,7 @@ class StepPipeline:
 
         Samples (stage ``system``) are not activity (:mod:`rlpulse.rules.silence`).
         """
-        if event["kind"] != "metrics" or event["stage"] in SAMPLE_STAGES:
+        if event["kind"] != "metrics" or event["stage"] in READING_STAGES:
             return
         key = run_key(event["run_id"], event["attempt"])
         stored: RunState | None = self.tables.rules.get(key)

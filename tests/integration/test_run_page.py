@@ -31,7 +31,7 @@ from rich.console import Console
 
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.child_process import free_port
-from rlpulse.local.demo import WORLD_SIZE, play
+from rlpulse.local.demo import SAMPLES_PER_STEP, WORLD_SIZE, play
 from rlpulse.local.worker_process import WorkerProcess
 from rlpulse.schemas import default_codec
 from rlpulse.schemas.topics import Topics
@@ -351,3 +351,34 @@ def test_bad_input_gets_a_message(recorded: Recorded, browser: Browser, tmp_path
         assert recorded.run_id in page.locator("#runs").inner_text()
     finally:
         server.stop()
+
+
+def test_a_step_s_samples_show_their_reward_histogram_and_chosen_texts(
+    recorded: Recorded, browser: Browser, tmp_path: Path
+) -> None:
+    """Rank 0 of the recorded run logs 64 samples a step; past the KL limit some loop."""
+    page = _open(browser, _run_url(recorded))
+    stop = recorded.applied["kl-guard"][0]
+    page.evaluate(f"openStep({stop})")
+    page.wait_for_function(f"window.rlpulse.step && window.rlpulse.step.step === {stop}")
+    (part,) = page.evaluate("window.rlpulse.step.samples")
+    assert (part["split"], part["count"]) == ("train", SAMPLES_PER_STEP)
+    assert sum(part["counts"]) == SAMPLES_PER_STEP  # the histogram is over every sample
+    page.wait_for_function(
+        "(() => { const c = document.getElementById('samples-train');"
+        " return c && c.data && c.data.length === 1; })()"
+    )
+    bars = page.evaluate("document.getElementById('samples-train').data[0].y")
+    assert sum(bars) == SAMPLES_PER_STEP
+    cards = page.locator("#step-panel .sample")
+    assert cards.count() == len(part["texts"]) >= 16
+    rewards = [text["reward"] for text in part["texts"]]
+    assert rewards == sorted(rewards, reverse=True)  # best first
+    first = cards.first.inner_text()
+    assert "best" in first and "correct=" in first
+    looping = page.locator("#step-panel .sample", has_text="truncated").first
+    assert "let me add them again" in looping.inner_text()
+    assert looping.locator(".cut").count() == 1  # its middle was cut, and it says so
+    assert "characters cut" in looping.locator(".cut").inner_text()
+    shot = _screenshot(page, "run-page-samples.png", tmp_path, "#step-panel")
+    assert shot.stat().st_size > 5_000

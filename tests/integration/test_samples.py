@@ -276,3 +276,36 @@ def test_a_rule_on_a_sample_statistic_fires_live_and_in_the_backtest_alike(
         command["command_id"],
         command["reason"],
     )
+
+
+def test_bad_samples_are_left_out_and_a_huge_step_goes_through_whole(
+    kafka_bootstrap: str, topics: Topics
+) -> None:
+    """A sample without response, a reward that is a string, a 10 MB response, 16,384 at once."""
+    link = RunLink("bad-input", settings=settings_at(kafka_bootstrap, topics))
+    huge = a_step(16_384, 1)
+    huge[5] = {"prompt": "p", "reward": 1.0}  # no response
+    huge[6] = {**huge[6], "reward": "high"}
+    huge[7] = {**huge[7], "response": "x" * 10_000_000, "reward": 99.0}  # the best: its text goes
+    link.log_samples(huge, step=1)
+    assert link.events.samples.refused == {"response": 1, "reward": 1}
+    assert link.close(120) == 0
+    codec = default_codec()
+    raw = consume_all(
+        kafka_bootstrap,
+        topics.samples,
+        lambda values: sum(len(codec.decode_samples(v)) for v in values) >= 16_382,
+        120.0,
+    )
+    assert all(len(value) < 1_000_000 for value in raw)  # split under the broker's limit
+    samples = [s for value in raw for s in codec.decode_samples(value)]
+    assert len(samples) == 16_382 and len({s["sample_index"] for s in samples}) == 16_382
+    assert max(s["response_length"] for s in samples) == 10_000_000
+    texts = [
+        t
+        for value in consume_all(kafka_bootstrap, topics.sample_texts, lambda v: len(v) > 0, 30.0)
+        for t in codec.decode_sample_texts(value)
+    ]
+    (cut,) = [t for t in texts if t["response_chars"] == 10_000_000]
+    assert len(cut["response_head"]) + len(cut["response_tail"]) == 4000  # a recorded cut
+    assert "best" in cut["chosen"]

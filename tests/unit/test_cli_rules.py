@@ -61,8 +61,8 @@ def test_presets_pass() -> None:
     assert out == [
         f"ok: {PRESETS / 'openrlhf.yaml'} (12 rules)",
         f"ok: {PRESETS / 'seed.yaml'} (3 rules)",
-        f"ok: {PRESETS / 'trl.yaml'} (13 rules)",
-        f"ok: {PRESETS / 'verl.yaml'} (15 rules)",
+        f"ok: {PRESETS / 'trl.yaml'} (15 rules)",
+        f"ok: {PRESETS / 'verl.yaml'} (17 rules)",
     ]
 
 

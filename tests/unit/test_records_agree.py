@@ -253,7 +253,23 @@ def test_every_public_typeddict_is_an_avro_record() -> None:
         for name in dir(records)
         if not name.startswith("_") and _records_typeddict(name) is not None
     }
-    assert typeddicts - avro_records == set(), "TypedDicts with no Avro record"
+    assert typeddicts - avro_records == set(records.READER_VIEWS), "TypedDicts with no Avro record"
+
+
+def test_the_reader_views_are_their_batches_taken_apart() -> None:
+    """A SampleText is a SampleTextBatch's shared fields and one entry; a RolloutSample has
+    the columns of the archive's ``samples`` table (a row per sample of a chunk)."""
+    from rlpulse.archive.tables import CLOCK_COLUMNS, KAFKA_COLUMNS, tables_of
+    from rlpulse.schemas.codec import default_codec
+    from rlpulse.schemas.topics import Topics
+
+    text = get_type_hints(records.SampleText)
+    batch = get_type_hints(records.SampleTextBatch)
+    entry = get_type_hints(records.SampleTextEntry)
+    assert text == {**{k: v for k, v in batch.items() if k != "entries"}, **entry}
+    table = tables_of(Topics("p"), default_codec())["samples"].schema
+    beside = {f.name for f in (*KAFKA_COLUMNS, *CLOCK_COLUMNS)} | {"decode_error", "raw_value"}
+    assert set(get_type_hints(records.RolloutSample)) == set(table.names) - beside
 
 
 # -- the checker itself finds what it should ---------------------------------------------------

@@ -23,9 +23,10 @@ def allowed(role: str, operation: str) -> set[str]:
     }
 
 
-def test_trainer_writes_events_logs_acks_and_reads_control_acks_and_its_own_back() -> None:
-    assert allowed("trainer", "WRITE") == {TOPICS.events, "p.logs", TOPICS.acks}
-    assert allowed("trainer", "READ") == {TOPICS.control, TOPICS.acks, TOPICS.events, "p.logs"}
+def test_trainer_writes_events_logs_samples_acks_and_reads_control_acks_and_its_own_back() -> None:
+    own = {TOPICS.events, "p.logs", TOPICS.samples, TOPICS.sample_texts}
+    assert allowed("trainer", "WRITE") == {*own, TOPICS.acks}
+    assert allowed("trainer", "READ") == {TOPICS.control, TOPICS.acks, *own}
     assert allowed("trainer", "CREATE") == set()
 
 
@@ -44,19 +45,24 @@ def test_operator_writes_control_and_rules_and_reads_acks_steps_and_verdicts() -
     assert allowed("operator", "READ") == {TOPICS.acks, TOPICS.steps, TOPICS.verdicts}
 
 
-def test_reader_reads_everything_and_writes_nothing() -> None:
+def test_reader_reads_everything_but_the_samples_texts_and_writes_nothing() -> None:
     grants = role_grants("reader", "p", "p-worker")
-    assert allowed("reader", "READ") == {"p.*"}
+    assert allowed("reader", "READ") == set(TOPICS.all()) - {TOPICS.sample_texts}
+    assert allowed("text_reader", "READ") == set(TOPICS.all())
+    assert allowed("archiver", "READ") == set(TOPICS.all())
     assert all(set(g.operations) <= {"READ", "DESCRIBE"} for g in grants)
     groups = {(g.name, g.pattern, g.operations) for g in grants if g.resource == "group"}
     assert ("p-worker", "literal", ("DESCRIBE",)) in groups  # sees the worker's lag, cannot join
     assert ("p-exporter", "literal", ("READ",)) in groups
 
 
-def test_an_archiver_is_a_reader_that_writes_only_audit_reports() -> None:
-    reader = role_grants("reader", "p", "p-worker")
+def test_an_archiver_is_a_text_reader_that_writes_only_audit_reports() -> None:
+    texts = role_grants("text_reader", "p", "p-worker")
     archiver = role_grants("archiver", "p", "p-worker")
-    assert archiver[: len(reader)] == reader
+    assert archiver[: len(texts)] == texts
+    assert set(texts) - set(role_grants("reader", "p", "p-worker")) == {
+        Grant("topic", TOPICS.sample_texts, "literal", ("READ",))
+    }
     assert allowed("archiver", "WRITE") == {TOPICS.audits}
 
 

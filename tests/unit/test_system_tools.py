@@ -33,6 +33,9 @@ BASE = "base"
 PYTHON = "python"
 """The interpreter running the suite, or a console script the ``dev`` extra installs."""
 
+CLONE = "clone"
+"""Wherever the repository was cloned (the suite reads its history: an older release)."""
+
 PROVIDERS: dict[str, str] = {
     # Debian packages the README's line installs (tests/README.md says which test uses each).
     "java": "openjdk-17-jdk-headless",
@@ -54,6 +57,7 @@ PROVIDERS: dict[str, str] = {
     "runuser": BASE,
     "unshare": BASE,
     "python": PYTHON,
+    "git": CLONE,
 }
 """Where each program a test looks up or runs comes from."""
 
@@ -255,7 +259,7 @@ def test_every_program_the_tests_need_is_placed_and_installed_by_the_readme() ->
     missing = sorted(
         f"{use.where}: {use.name} (Debian package {PROVIDERS[use.name]})"
         for use in uses
-        if PROVIDERS[use.name] not in (BASE, PYTHON) and PROVIDERS[use.name] not in packages
+        if PROVIDERS[use.name] not in (BASE, PYTHON, CLONE) and PROVIDERS[use.name] not in packages
     )
     assert not missing, f"the README's apt-get line does not install: {missing}"
 
@@ -271,7 +275,7 @@ def test_every_package_a_message_names_is_in_the_readme_line() -> None:
 
 
 def test_the_base_system_s_programs_are_here() -> None:
-    """What :data:`PROVIDERS` calls the base system is on PATH without the README's line."""
+    """What :data:`PROVIDERS` calls the base system (or the clone's) is on PATH."""
     absent = [
         name for name, source in PROVIDERS.items() if source == BASE and not shutil.which(name)
     ]

@@ -32,10 +32,9 @@ from rlpulse.producers.caller.sample_log import SampleCounts, SampleLog, samples
 from rlpulse.producers.caller.samples import (
     RawText,
     SampleProblem,
-    choose_texts,
+    chosen_texts,
     columns_from_mappings,
     step_statistics,
-    text_entry,
 )
 from rlpulse.producers.caller.stacks import STACKS_DIRECTORY, enable_stack_dumps
 from rlpulse.producers.delivery.agent_place import AgentBell, AgentPlace
@@ -585,6 +584,7 @@ class EventLogger(ClosedByWith):
         step: int,
         *,
         split: SampleSplit = "train",
+        world_size: int | None = None,
     ) -> None:
         """Publish one step's rollout samples: every sample's numbers, a few chosen texts.
 
@@ -597,7 +597,8 @@ class EventLogger(ClosedByWith):
         the texts of ``samples.text_count`` chosen samples (:mod:`rlpulse.producers.caller.samples`)
         to ``<prefix>.sample-texts``, cut to ``samples.max_text_chars`` and redacted first;
         the step's statistics over all its samples are an event of stage ``samples`` (or
-        ``validation_samples``), so rules act on them.
+        ``validation_samples``), so rules act on them; ``world_size`` is how many ranks log
+        samples for the step (default: the logger's; 1 where only rank 0 does).
 
         A malformed sample (no ``response``, a reward that is a string) is left out, counted
         in ``samples.refused[key]`` and said once per key with its index; the rest of the
@@ -621,7 +622,7 @@ class EventLogger(ClosedByWith):
         columns, texts, identity, problems = columns_from_mappings(samples)
         if problems:
             self._refuse_samples(problems)
-        self.log_sample_columns(columns, identity, texts.__getitem__, step, split)
+        self.log_sample_columns(columns, identity, texts.__getitem__, step, split, world_size)
 
     def log_sample_columns(
         self,
@@ -630,6 +631,7 @@ class EventLogger(ClosedByWith):
         text_of: Callable[[int], RawText] | None,
         step: int,
         split: SampleSplit = "train",
+        world_size: int | None = None,
     ) -> None:
         """:meth:`log_samples` for a capture that holds its samples as columns already.
 
@@ -642,36 +644,21 @@ class EventLogger(ClosedByWith):
             return
         if self._closed:
             raise ProducerClosedError(f"EventLogger for run {self.run_id!r} is closed")
-        threshold = settings.repetition_threshold
-        statistics = step_statistics(columns, identity, threshold)
+        statistics = step_statistics(columns, identity, settings.repetition_threshold)
         entries: list[TextEntry] = []
         if settings.texts and text_of is not None and step % settings.texts_every_steps == 0:
-            chosen = choose_texts(
-                columns, settings.text_count, settings.group_texts, threshold, step
-            )
-            redact = self._redaction()
-            prompts_sent: set[int] = set()
-            for index in sorted(chosen, key=lambda i: (-float(columns.reward[i]), i)):
-                group = -1 if columns.group is None else int(columns.group[index])
-                first_of_group = group < 0 or group not in prompts_sent
-                prompts_sent.add(group)
-                entries.append(
-                    text_entry(
-                        index,
-                        chosen[index],
-                        text_of(index),
-                        columns,
-                        first_of_group,
-                        settings.max_text_chars,
-                        settings.max_prompt_chars,
-                        redact,
-                    )
-                )
+            try:
+                entries = chosen_texts(columns, text_of, settings, step, self._redaction())
+            except Exception as exc:  # the caller's redaction or decoding: no text leaves
+                self._warn_once(
+                    "sample-texts", "run %s rank %d: no rollout sample texts are sent for step "
+                    "%d: %r (the numbers are; said once)", self.run_id, self.rank, step, exc,
+                )  # fmt: skip
         if len(columns) or entries:
             sample_log = self._sample_log or self._new_sample_log()
             sample_log.write(columns, entries, step, split)
         stage = "samples" if split == "train" else "validation_samples"
-        self.log(statistics, step, stage=stage, world_size=self.world_size)
+        self.log(statistics, step, stage=stage, world_size=world_size or self.world_size)
 
     def _redaction(self) -> Callable[[str], str] | None:
         """The redaction hook: the one given to the logger, else ``samples.redact``'s."""

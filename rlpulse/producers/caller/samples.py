@@ -14,8 +14,8 @@ the step).
 - :func:`step_statistics` are the metrics of the step's event (``samples/...``): the
   truncated, repetitive and empty shares, reward quantiles, the groups whose samples all got
   one reward, distinct responses per group, each named score's mean.
-- :func:`choose_texts` picks the samples whose texts are sent, each with why.
-- :func:`text_entry` cuts one chosen sample's texts to their head and tail.
+- :func:`choose_texts` picks the samples whose texts are sent, each with why;
+  :func:`chosen_texts` makes their entries, each cut to its head and tail (:func:`text_entry`).
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ import numpy as np
 import numpy.typing as npt
 
 from rlpulse.producers.encoding.samples import Floats, Ints, SampleColumns, TextEntry
+from rlpulse.settings import SamplesSettings
 
 __all__ = [
     "REASONS",
     "RawText",
     "SampleProblem",
     "choose_texts",
+    "chosen_texts",
     "columns_from_mappings",
     "cut",
     "response_identity",
@@ -611,6 +613,40 @@ def text_entry(
         response_digest=hashlib.sha256(response.encode()).hexdigest()[:32],
         ground_truth=truth,
     )
+
+
+def chosen_texts(
+    columns: SampleColumns,
+    text_of: Callable[[int], RawText],
+    settings: SamplesSettings,
+    step: int,
+    redact: Callable[[str], str] | None,
+) -> list[TextEntry]:
+    """The texts to send of a step's samples, best reward first (``samples.*`` settings).
+
+    ``text_of`` is called for the chosen samples only; a group's prompt goes with its first.
+    """
+    chosen = choose_texts(
+        columns, settings.text_count, settings.group_texts, settings.repetition_threshold, step
+    )
+    prompts_sent: set[int] = set()
+    entries = []
+    for index in sorted(chosen, key=lambda i: (-float(columns.reward[i]), i)):
+        group = -1 if columns.group is None else int(columns.group[index])
+        entries.append(
+            text_entry(
+                index,
+                chosen[index],
+                text_of(index),
+                columns,
+                group < 0 or group not in prompts_sent,
+                settings.max_text_chars,
+                settings.max_prompt_chars,
+                redact,
+            )
+        )
+        prompts_sent.add(group)
+    return entries
 
 
 def _same(text: str) -> str:

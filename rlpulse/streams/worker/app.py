@@ -78,7 +78,7 @@ from prometheus_client import CollectorRegistry
 
 from rlpulse.schemas.codec import Codec, default_codec
 from rlpulse.schemas.exceptions import DecodeError
-from rlpulse.schemas.records import SAMPLE_STAGES, ActionVerdict, ControlCommand
+from rlpulse.schemas.records import READING_STAGES, ActionVerdict, ControlCommand
 from rlpulse.schemas.signing import sign
 from rlpulse.schemas.topics import REASON_HEADER, SOURCE_HEADER, Topics
 from rlpulse.schemas.validation import size_problem
@@ -458,7 +458,7 @@ class WorkerApp:
             output = self.pipeline.add(record, time.time_ns())
             if output.rejected is None and record["kind"] in ("metrics", "log"):
                 self._index_stage(message.partition, event_stage_key(record))
-                if record["stage"] not in SAMPLE_STAGES:
+                if record["stage"] not in READING_STAGES:
                     self._index_run(message.partition, run_key(record["run_id"], record["attempt"]))
         except Exception as exc:  # a bug must not stop the worker: keep the event for a fix
             log.exception("joiner failed on %s", _source(message))
