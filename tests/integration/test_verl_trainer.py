@@ -51,6 +51,7 @@ from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rlpulse.ops.commands import action, operator_command, publish_command
@@ -534,12 +535,24 @@ def test_v1_captures_each_sample_from_transfer_queue_before_fit_clears_it(
         metrics: dict[str, Any] = {}
         trainer._compute_metrics(batch, metrics, {"step": 1.0}, global_steps=step, epoch=0)
         tq.kv_clear(keys=batch.keys, partition_id=batch.partition_id)  # fit()'s next line
+        # Validation: verl decodes every validation sample itself; the capture takes those
+        # texts and what _val_metrics_update gets.
+        inputs = [f"what is {i} plus one" for i in range(4)]
+        outputs = ["two", "three " * 5, "", "four"]
+        trainer._maybe_log_val_generations(
+            inputs=inputs, outputs=outputs, scores=[1.0, 0.0, 0.0, 1.0]
+        )
+        trainer._val_metrics_update(
+            np.array(["tiny", "tiny", "other", "other"], dtype=object),
+            ["v0", "v0", "v1", "v1"],
+            {"reward": [1.0, 0.0, 0.0, 1.0], "acc": [1.0, 0.0, 0.0, 1.0]},
+            [],
+        )
         trainer.logger.finish()
     finally:
         tq.close()
-    samples = sorted(
-        samples_of(kafka_bootstrap, topics, run_id, SAMPLES), key=lambda s: s["sample_index"]
-    )
+    every = samples_of(kafka_bootstrap, topics, run_id, SAMPLES + 4)
+    samples = sorted((s for s in every if s["split"] == "train"), key=lambda s: s["sample_index"])
     assert [s["sample_index"] for s in samples] == list(range(SAMPLES))  # no padding row
     assert {s["step"] for s in samples} == {step}
     assert [s["reward"] for s in samples] == [float(i % 3) / 2 for i in range(SAMPLES)]
@@ -557,7 +570,7 @@ def test_v1_captures_each_sample_from_transfer_queue_before_fit_clears_it(
     assert [s["scores"] for s in samples] == [{"acc": float(i % 2)} for i in range(SAMPLES)]
     assert all(s["dropped_scores"] == ["pred"] for s in samples)
     assert {s["data_source"] for s in samples} == {"tiny", "other"}
-    texts = texts_of(kafka_bootstrap, topics, run_id)
+    texts = [t for t in texts_of(kafka_bootstrap, topics, run_id) if t["split"] == "train"]
     assert {t["sample_index"] for t in texts} <= set(range(SAMPLES))
     best = max(texts, key=lambda t: t["reward"])
     assert "best" in best["chosen"] and best["response_head"]
@@ -568,3 +581,85 @@ def test_v1_captures_each_sample_from_transfer_queue_before_fit_clears_it(
     assert statistics["metrics"]["samples/truncated_ratio"] == pytest.approx(
         sum(len(RESPONSES[i % len(RESPONSES)]) >= 4 for i in range(SAMPLES)) / SAMPLES
     )
+    (validation,) = [e for e in events if e["stage"] == "validation_samples"]
+    assert validation["metrics"]["samples/count"] == 4
+    assert validation["metrics"]["samples/empty_ratio"] == 0.25
+    checked = [s for s in every if s["split"] == "validation"]
+    assert sorted((s["sample_index"], s["reward"], s["group"]) for s in checked) == [
+        (0, 1.0, "v0"), (1, 0.0, "v0"), (2, 0.0, "v1"), (3, 1.0, "v1"),
+    ]  # fmt: skip
+    assert all(s["scores"] == {"acc": s["reward"]} for s in checked)
+
+
+@pytest.mark.broker
+def test_legacy_trainer_captures_each_sample_from_the_step_s_dataproto(
+    kafka_bootstrap: str,
+    topics: Topics,
+    ray_cluster: None,
+    verl_inputs: Path,
+    tmp_path: Path,
+) -> None:
+    """``compute_data_metrics(batch=...)``, called as the legacy ``fit()`` calls it."""
+    import torch
+    from verl import DataProto
+    from verl.trainer.main_ppo_v0 import TaskRunner
+    from verl.trainer.ppo import ray_trainer
+
+    integration.install()
+    run_id = f"verl-v0-samples-{uuid.uuid4().hex[:8]}"
+    config = verl_config(verl_inputs, tmp_path, run_id, kafka_bootstrap, topics, use_v1=False)
+    runner_class = undecorated(TaskRunner)
+    with pytest.raises(ValueError, match=GPU_WALL) as stopped:
+        runner_class().run(config)
+    trainer = frame_local(stopped.tb, runner_class.run.__code__, "trainer")
+    del stopped
+    with trackings_built() as built, pytest.raises(AttributeError, match="update_weights"):
+        trainer.fit()
+    tracking = built[0].tracking
+    trainer.global_steps = 3
+    # The step's batch as fit() holds it there: left-padded prompts, right-padded responses.
+    lengths = [len(RESPONSES[i % len(RESPONSES)]) for i in range(SAMPLES)]
+    width, prompt_width = 4, 6
+    responses = torch.zeros((SAMPLES, width), dtype=torch.int64)
+    mask = torch.zeros((SAMPLES, width), dtype=torch.int64)
+    scores = torch.zeros((SAMPLES, width))
+    for row, length in enumerate(lengths):
+        responses[row, :length] = torch.tensor(RESPONSES[row % len(RESPONSES)])
+        mask[row, :length] = 1
+        scores[row, length - 1] = float(row % 3) / 2
+    prompts = torch.zeros((SAMPLES, prompt_width), dtype=torch.int64)
+    prompts[:, 1:] = torch.tensor([3, 5, 6, 7, 8])
+    attention = torch.cat([(prompts != 0).long(), mask], dim=1)
+    advantages = torch.arange(SAMPLES, dtype=torch.float32)[:, None].expand(-1, width) * mask
+    batch = DataProto.from_single_dict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": mask,
+            "attention_mask": attention,
+            "token_level_scores": scores,
+            "token_level_rewards": scores,
+            "advantages": advantages,
+            "returns": advantages,
+            "uid": np.array([f"prompt-{i // SESSIONS}" for i in range(SAMPLES)], dtype=object),
+            "data_source": np.array(["tiny"] * SAMPLES, dtype=object),
+            "reward_model": np.array([{"ground_truth": "two"}] * SAMPLES, dtype=object),
+            "acc": np.array([float(i % 2) for i in range(SAMPLES)], dtype=object),
+            "__num_turns__": np.array([2] * SAMPLES, dtype=np.int32),
+        }
+    )
+    ray_trainer.compute_data_metrics(batch=batch, use_critic=False)  # as fit() calls it
+    tracking.finish()
+    samples = sorted(
+        samples_of(kafka_bootstrap, topics, run_id, SAMPLES), key=lambda s: s["sample_index"]
+    )
+    assert [s["step"] for s in samples] == [3] * SAMPLES
+    assert [s["reward"] for s in samples] == [float(i % 3) / 2 for i in range(SAMPLES)]
+    assert [s["advantage"] for s in samples] == [float(i) for i in range(SAMPLES)]
+    assert [s["response_length"] for s in samples] == lengths
+    assert [s["prompt_length"] for s in samples] == [5] * SAMPLES
+    assert [s["truncated"] for s in samples] == [length >= 4 for length in lengths]
+    assert [s["scores"] for s in samples] == [{"acc": float(i % 2)} for i in range(SAMPLES)]
+    texts = texts_of(kafka_bootstrap, topics, run_id)
+    best = max(texts, key=lambda t: t["reward"])
+    assert best["ground_truth"] == "two" and best["response_head"] and "best" in best["chosen"]

@@ -273,7 +273,7 @@ def _v1_capture(
         prompt_length=prompt_length.astype(np.int64),
         scores=_ragged(data[score_field]),
         advantages=advantages,
-        num_turns=None if turns is None else np.asarray(turns.tolist(), dtype=np.int64).reshape(-1),
+        num_turns=None if turns is None else np.asarray(_values(turns), dtype=np.int64).reshape(-1),
         uids=uids,
         data_sources=sources,
         extras=extras,
@@ -297,6 +297,11 @@ def _v1_capture(
         )
 
     link.events.log_sample_columns(columns, identity, text_of, step, "train")
+
+
+def _values(column: Any) -> list[Any]:
+    """A TransferQueue field's values as a list (a tensor, a stack of non-tensors, a list)."""
+    return list(column.tolist()) if hasattr(column, "tolist") else list(column)
 
 
 def names_in(tensors: Any) -> set[str]:
