@@ -42,7 +42,7 @@ from figures import printer
 from rlpulse.archive.catalog import query_archive
 from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.local.broker import bootstrap_or_local_broker
-from rlpulse.producers import RunLink
+from rlpulse.producers import EventLogger, RunLink
 from rlpulse.schemas.topics import Topics
 from rlpulse.settings import ProducerSettings, Settings
 from rlpulse.transport.topics import ensure_topics
@@ -75,7 +75,9 @@ def loop_samples(count: int, step: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def bench_log_samples(settings: Settings, rounds: int) -> None:
-    link = RunLink(f"bench-samples-{uuid.uuid4().hex[:6]}", settings=settings)
+    # An EventLogger: a RunLink's rank 0 also holds a control client, whose librdkafka
+    # threads spend CPU of their own whatever log_samples does.
+    link = EventLogger(f"bench-samples-{uuid.uuid4().hex[:6]}", settings=settings)
     batches = [loop_samples(1024, step) for step in range(rounds + 1)]
     link.log_samples(batches[0], step=0)  # the first call makes the samples log
     spent = []
@@ -83,7 +85,25 @@ def bench_log_samples(settings: Settings, rounds: int) -> None:
         before = time.process_time()
         link.log_samples(batches[step], step=step)
         spent.append((time.process_time() - before) * 1000)
+    # The columnar door an integration uses: the same samples as columns already.
+    from rlpulse.producers.caller.samples import columns_from_mappings
+
+    built = [columns_from_mappings(batch) for batch in batches]
+    columnar = []
+    for step in range(1, rounds + 1):
+        columns, texts, identity, _ = built[step]
+        before = time.process_time()
+        link.log_sample_columns(columns, identity, texts.__getitem__, rounds + step)
+        columnar.append((time.process_time() - before) * 1000)
     link.close(60)
+    emit(
+        "log_sample_columns",
+        samples=1024,
+        rounds=rounds,
+        cpu_ms_median=round(statistics.median(columnar), 3),
+        cpu_ms_min=round(min(columnar), 3),
+        cpu_ms_max=round(max(columnar), 3),
+    )
     median = statistics.median(spent)
     emit(
         "log_samples",
@@ -98,11 +118,15 @@ def bench_log_samples(settings: Settings, rounds: int) -> None:
 
 
 def _ray_processes() -> list[psutil.Process]:
-    """This process and every process of the local Ray cluster (TransferQueue's included)."""
+    """This process and the Ray actors (TransferQueue's controller and storage units).
+
+    Ray's own daemons (GCS, raylet, dashboard) poll on their own schedule whatever the
+    capture does, so they are left out.
+    """
     found = [psutil.Process()]
     for process in psutil.process_iter(["cmdline"]):
         command = " ".join(process.info["cmdline"] or [])
-        if process.pid != os.getpid() and ("ray::" in command or "ray/" in command):
+        if process.pid != os.getpid() and command.startswith("ray::") and "IDLE" not in command:
             found.append(process)
     return found
 
@@ -204,11 +228,35 @@ def bench_verl_capture(settings: Settings, count: int, response_tokens: int) -> 
             pass
 
         trainer = Trainer()
+        # What the driver read from the dataloader (``_fetch_one_gen_batch``): each prompt's
+        # uid, data source and ground truth; the capture notes them there (counted below).
+        prompt_batch = list_of_dict_to_tensordict(
+            [
+                {"uid": f"uid{p}", "data_source": "gsm8k", "reward_model": {"ground_truth": "4"}}
+                for p in range(count // 16)
+            ]
+        )
         trainer.config = OmegaConf.create(  # type: ignore[attr-defined]
             {"actor_rollout_ref": {"rollout": {"response_length": response_tokens * 2}}}
         )
         trainer.tokenizer = tokenizer  # type: ignore[attr-defined]
         processes = _ray_processes()
+        # What TransferQueue charges for the one field the capture must fetch (the reward
+        # extras: a dict a sample, serialised in its storage unit), on its own.
+        fetches = []
+        for _ in range(3):
+            before = _cpu_s(processes)
+            extras = tq.kv_batch_get(
+                keys=keys, partition_id="train", select_fields=["extra_fields"]
+            )
+            verl_samples._values(extras["extra_fields"])
+            fetches.append((_cpu_s(processes) - before) * 1000)
+        emit(
+            "verl_reward_extras_fetch",
+            samples=count,
+            cpu_ms=[round(value, 1) for value in fetches],
+            cpu_ms_median=round(statistics.median(fetches), 1),
+        )
         # The target's 16 texts (the quarters alone), then the defaults (+ 8 of one group).
         for label, group_texts in (("16 texts", 0), ("defaults", settings.samples.group_texts)):
             chosen = settings.updated({"samples.group_texts": group_texts})
@@ -218,6 +266,7 @@ def bench_verl_capture(settings: Settings, count: int, response_tokens: int) -> 
             for step in (1, 2, 3, 4, 5):
                 tokenizer.decoded = 0
                 before = _cpu_s(processes)
+                verl_samples._note_prompts(trainer, prompt_batch)
                 verl_samples._v1_capture(trainer, batch, data, link, step)
                 spent.append((_cpu_s(processes) - before) * 1000)
                 decoded.append(tokenizer.decoded // 2)  # a prompt and a response a sample
@@ -228,7 +277,7 @@ def bench_verl_capture(settings: Settings, count: int, response_tokens: int) -> 
                 texts=label,
                 samples=count,
                 mean_response_tokens=int(lengths.mean()),
-                processes=len(processes),
+                processes=[" ".join(p.cmdline())[:40] for p in processes],
                 cpu_ms=[round(value, 1) for value in spent],
                 cpu_ms_median=round(median, 1),
                 samples_decoded=decoded,

@@ -99,8 +99,11 @@ class SimulatedRun:
         rng = random.Random(step)
         looping = max(0.0, min(0.8, 0.1 * (step - KL_BREACH_FROM + 1)))
         samples: list[dict[str, object]] = []
+        prompts = [
+            (rng.randrange(2, 50), rng.randrange(2, 50)) for _ in range(SAMPLES_PER_STEP // 4)
+        ]
         for index in range(SAMPLES_PER_STEP):
-            a, b = rng.randrange(2, 50), rng.randrange(2, 50)
+            a, b = prompts[index // 4]  # a group: 4 answers to one prompt
             right = rng.random() < 0.6
             answer = a + b if right else a + b + rng.choice((-1, 1))
             response = (
@@ -116,7 +119,7 @@ class SimulatedRun:
                     "response": response,
                     "reward": 0.0 if cut else float(right),
                     "group": f"step{step}-q{index // 4}",
-                    "data_source": "arithmetic" if index % 8 else "word-problems",
+                    "data_source": "word-problems" if index // 4 % 4 == 0 else "arithmetic",
                     "scores": {"correct": float(right and not cut), "format": 0.0 if cut else 1.0},
                     "truncated": cut,
                     "ground_truth": str(a + b),

@@ -350,7 +350,10 @@ def test_a_document_the_engine_refuses_goes_to_the_dlq_and_the_rest_is_indexed(
 def test_an_indexer_fenced_by_its_instance_id_exits_with_the_reason(
     kafka_bootstrap: str, opensearch_url: str, tmp_path: Path
 ) -> None:
-    """Two indexers given one ``index.instance_id``: the first is fenced and says so."""
+    """Two indexers given one ``index.instance_id``: the first is fenced and says so.
+
+    Each holds the one partition of the logs, steps and sample texts topics.
+    """
     topics = Topics(prefix=f"test-{uuid.uuid4().hex[:10]}")
     ensure_topics(settings_at(kafka_bootstrap), topics, partitions=1)
     first, second = (
@@ -362,13 +365,13 @@ def test_an_indexer_fenced_by_its_instance_id_exits_with_the_reason(
     )  # fmt: skip
     try:
         first.start()
-        wait_for(lambda: "indexing 2 partition(s)" in first.log_text(), "the first to join")
+        wait_for(lambda: "indexing 3 partition(s)" in first.log_text(), "the first to join")
         second.start()
         wait_for(lambda: not first.alive(), "the fenced indexer to exit", 60.0)
         assert first.stop() == 1, first.log_text()
         assert "fatal Kafka error" in first.log_text()
         assert "index.instance_id" in first.log_text()
-        wait_for(lambda: "indexing 2 partition(s)" in second.log_text(), "the second to join")
+        wait_for(lambda: "indexing 3 partition(s)" in second.log_text(), "the second to join")
         assert second.alive(), second.log_text()
     finally:
         first.stop()

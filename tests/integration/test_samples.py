@@ -243,7 +243,12 @@ def test_a_rule_on_a_sample_statistic_fires_live_and_in_the_backtest_alike(
     rules.write_text(TRUNCATION_RULE)
     logs = tmp_path / "logs"
     worker = WorkerProcess(
-        kafka_bootstrap, topics.prefix, tmp_path / "worker.log", rules=str(rules), grace_s=2.0
+        kafka_bootstrap,
+        topics.prefix,
+        tmp_path / "worker.log",
+        rules=str(rules),
+        partitions=3,  # the topics fixture's
+        grace_s=2.0,
     )
     codec = default_codec()
     with worker:

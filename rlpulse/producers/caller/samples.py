@@ -134,6 +134,26 @@ def columns_from_mappings(
     ids: list[Any] = []
     any_advantage = any_aborted = any_turns = False
     for index, sample in enumerate(samples):
+        quick = _quick(sample)
+        if quick is not None:
+            (prompt, response, reward, prompt_length, response_length, cut, advantage, abort,
+             turn, group, source, named, truth, tokens) = quick  # fmt: skip
+            any_advantage = any_advantage or advantage is not _NAN
+            any_aborted = any_aborted or abort is not None
+            any_turns = any_turns or turn is not None
+            texts.append(RawText(prompt, response, truth))
+            rewards.append(reward)
+            prompt_lengths.append(len(prompt) if prompt_length is None else prompt_length)
+            response_lengths.append(len(response) if response_length is None else response_length)
+            truncated.append(cut)
+            advantages.append(advantage)
+            aborted.append(bool(abort))
+            turns.append(1 if turn is None else turn)
+            groups.append(group)
+            sources.append(source)
+            scores.append(named)
+            ids.append(tokens)
+            continue
         try:
             if not isinstance(sample, Mapping):
                 raise _Bad("", f"is a {type(sample).__name__}, not a mapping")
@@ -210,6 +230,56 @@ def columns_from_mappings(
     return columns, texts, identity, problems
 
 
+_NAN: Final = math.nan
+"""The advantage of a sample given none (one object: ``is`` tells it from a given NaN)."""
+
+
+def _quick(sample: object) -> tuple[Any, ...] | None:
+    """A plain sample's fields without a call per field; None: the careful path decides.
+
+    The common case of a training loop: a dict of str texts, a float reward, ints and bools
+    as they are. Anything else (numpy numbers, a tensor, a missing or unknown key) goes the
+    careful way, which converts what it can and names what it cannot.
+    """
+    if type(sample) is not dict or not sample.keys() <= _KEYS:
+        return None
+    get = sample.get
+    prompt, response, reward = get("prompt"), get("response"), get("reward")
+    if type(prompt) is not str or type(response) is not str:
+        return None
+    kind = type(reward)
+    if kind is int:
+        reward = float(reward)
+    elif kind is not float:
+        return None
+    prompt_length, response_length = get("prompt_length"), get("response_length")
+    if (prompt_length is not None and type(prompt_length) is not int) or (
+        response_length is not None and type(response_length) is not int
+    ):
+        return None
+    cut, abort, turn = get("truncated", False), get("aborted"), get("num_turns")
+    if type(cut) is not bool or (abort is not None and type(abort) is not bool):
+        return None
+    if turn is not None and type(turn) is not int:
+        return None
+    advantage = get("advantage", _NAN)
+    if type(advantage) is not float:
+        if type(advantage) is not int or advantage is None:
+            return None
+        advantage = float(advantage)
+    named, truth = get("scores"), get("ground_truth")
+    if (named is not None and type(named) is not dict) or (
+        truth is not None and type(truth) is not str
+    ):
+        return None
+    group, source = get("group"), get("data_source")
+    return (
+        prompt, response, reward, prompt_length, response_length, cut, advantage, abort, turn,
+        None if group is None else str(group), None if source is None else str(source), named,
+        truth, get("response_ids"),
+    )  # fmt: skip
+
+
 class _Bad(Exception):  # noqa: N818 -- control flow inside columns_from_mappings
     def __init__(self, key: str, detail: str) -> None:
         super().__init__(detail)
@@ -266,6 +336,15 @@ def _score_columns(
     columns: dict[str, Floats] = {}
     dropped: list[str] = []
     for name in names:
+        try:  # plain numbers: one pass in C
+            columns[str(name)] = np.fromiter(
+                (_NAN if named is None else named.get(name, _NAN) for named in scores),
+                dtype=np.float64,
+                count=len(scores),
+            )
+            continue
+        except (TypeError, ValueError):
+            pass  # a value that is not a plain number: one by one below
         values = np.full(len(scores), math.nan)
         numeric = True
         for index, named in enumerate(scores):
@@ -300,7 +379,7 @@ def _tails(ids: Sequence[Any]) -> Ints:
     """The last :data:`TOKEN_TAIL` token ids of each response, right-aligned, -1 before them."""
     out = np.full((len(ids), TOKEN_TAIL), -1, dtype=np.int64)
     for row, tokens in enumerate(ids):
-        tail = np.asarray(tokens, dtype=np.int64)[-TOKEN_TAIL:]
+        tail = tokens[-TOKEN_TAIL:]  # a list's slice: only the tail is converted
         if len(tail):
             out[row, TOKEN_TAIL - len(tail) :] = tail
     return out

@@ -23,8 +23,8 @@ captures them on the driver, inside ``fit()``, and logs them through the run's
   characters (verl keeps no token counts there) and ``truncated`` is not derived.
 
 Per sample: the reward is the sum of its per-token scores before any KL penalty
-(``token_level_scores``; v1's ``rm_scores``), the advantage the mean over its response
-tokens (PPO's GAE differs token by token; GRPO's is the same on every token), named scores
+(``token_level_scores``; v1's ``rm_scores``), the advantage its first response token's
+(GRPO's is the same on every token; PPO's GAE there is the whole response's), named scores
 the numeric ``reward_extra_info`` entries (the rest are named in ``dropped_scores``),
 ``aborted`` a response of no tokens (verl's own test), and ``truncated`` derived per sample:
 its response reached ``rollout.response_length`` or prompt and response together
@@ -116,8 +116,9 @@ def _per_sample(ragged: Ragged) -> tuple[Floats, Ints]:
     counts = np.diff(offsets).astype(np.int64)
     if not len(values):
         return np.zeros(len(counts)), counts
-    sums = np.add.reduceat(values.astype(np.float64), np.minimum(offsets[:-1], len(values) - 1))
-    return np.where(counts > 0, sums, 0.0), counts
+    # In the values' own precision (verl's scores are float32): one pass over the step's tokens.
+    sums = np.add.reduceat(values, np.minimum(offsets[:-1], len(values) - 1))
+    return np.where(counts > 0, sums.astype(np.float64), 0.0), counts
 
 
 def tensor_samples(
@@ -139,8 +140,9 @@ def tensor_samples(
     ``response_ids`` holds every sample's response tokens one after another; sample ``i``'s
     are ``response_offsets[i]`` to ``response_offsets[i + 1]``; ``scores`` and ``advantages``
     are per-token values laid out the same way, each with its own offsets (verl's padding
-    rows do not always have as many of each). Sums and means over a sample's tokens are
-    ``np.add.reduceat`` over those runs: one pass over the step's tokens, no Python loop.
+    rows do not always have as many of each). A sample's reward is the sum of its scores,
+    ``np.add.reduceat`` over those runs (one pass over the step's tokens, no Python loop); its
+    advantage is the one of its first response token.
     """
     starts, ends = response_offsets[:-1], response_offsets[1:]
     lengths = (ends - starts).astype(np.int64)
@@ -148,9 +150,11 @@ def tensor_samples(
     reward, _ = _per_sample(scores)
     advantage = None
     if advantages is not None:
-        sums, tokens = _per_sample(advantages)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            advantage = np.where(tokens > 0, sums / tokens, np.nan)
+        values, offsets = advantages
+        firsts = offsets[:-1]
+        has = np.diff(offsets) > 0
+        picked = values[np.minimum(firsts, max(0, len(values) - 1))] if len(values) else firsts
+        advantage = np.where(has, picked.astype(np.float64), np.nan)
     tails = _edge(response_ids, starts, ends, TOKEN_TAIL, tail=True)
     heads = _edge(response_ids, starts, ends, TOKEN_TAIL, tail=False)
     truncated = np.zeros(count, dtype=np.bool_)
@@ -237,30 +241,44 @@ def _decode(tokenizer: Any, ids: Any) -> str:
 def _v1_capture(
     trainer: Any, batch: Any, data: Mapping[str, Any], link: RunLink, step: int
 ) -> None:
-    """Log the samples of a v1 step from the data ``_compute_metrics`` fetched."""
+    """Log the samples of a v1 step from the data ``_compute_metrics`` fetched.
+
+    A sample's group is the uid its key starts with (``{uid}_{session}_{i}``,
+    ``AgentLoopWorkerTQ``'s); its data source and ground truth are its prompt's, which the
+    driver read from the dataloader (``_fetch_one_gen_batch``, noted by :func:`_install_v1`).
+    TransferQueue is asked only for what the driver never held: the reward extras (and, for
+    samples whose prompt was not noted, the data source and ground truth), in one fetch.
+    """
     import transfer_queue as tq
 
+    keys = list(batch.keys)
     real = np.asarray([not tag.get("is_padding", False) for tag in batch.tags], dtype=np.bool_)
-    responses = data["responses"]
-    prompts = data["prompts"]
-    response_offsets = responses.offsets().cpu().numpy()
-    prompt_length = prompts.offsets().diff().cpu().numpy()
-    small = tq.kv_batch_get(
-        keys=batch.keys,
-        partition_id=batch.partition_id,
-        select_fields=["uid", "data_source", "reward_model", "extra_fields"],
-    )
+    responses, prompts = data["responses"], data["prompts"]
+    response_offsets = responses.offsets().cpu().numpy().astype(np.int64, copy=False)
+    prompt_offsets = prompts.offsets().cpu().numpy().astype(np.int64, copy=False)
+    response_ids = responses.values().cpu().numpy().astype(np.int64, copy=False)
+    prompt_ids = prompts.values().cpu().numpy().astype(np.int64, copy=False)
+    uids = [_uid_of(key) for key in keys]
+    noted: Mapping[str, tuple[Any, Any]] = getattr(trainer, _PROMPTS, {})
+    known = all(uid in noted for uid in uids)
+    fields = ["extra_fields"] if known else ["extra_fields", "data_source", "reward_model"]
+    small = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields)
     got = names_in(small)
-    uids = list(small["uid"]) if "uid" in got else [None] * len(batch.keys)
-    sources = list(small["data_source"]) if "data_source" in got else None
-    truths = list(small["reward_model"]) if "reward_model" in got else None
-    extra_fields = list(small["extra_fields"]) if "extra_fields" in got else None
+    if known:
+        sources = [noted[uid][0] for uid in uids]
+        truths = [noted[uid][1] for uid in uids]
+    else:
+        sources = _values(small["data_source"]) if "data_source" in got else [None] * len(keys)
+        truths = [
+            m.get("ground_truth") if isinstance(m, Mapping) else None
+            for m in (_values(small["reward_model"]) if "reward_model" in got else [])
+        ] or [None] * len(keys)
     extras = (
         [
             (e or {}).get("reward_extra_info", {}) if isinstance(e, Mapping) else {}
-            for e in extra_fields
+            for e in _values(small["extra_fields"])
         ]
-        if extra_fields is not None
+        if "extra_fields" in got
         else None
     )
     score_field = "rm_scores" if "rm_scores" in data else "token_level_scores"
@@ -268,9 +286,9 @@ def _v1_capture(
     turns = data.get("num_turns")
     max_response, max_model = _lengths(trainer.config)
     columns, identity = tensor_samples(
-        response_ids=responses.values().cpu().numpy().astype(np.int64),
-        response_offsets=response_offsets.astype(np.int64),
-        prompt_length=prompt_length.astype(np.int64),
+        response_ids=response_ids,
+        response_offsets=response_offsets,
+        prompt_length=np.diff(prompt_offsets),
         scores=_ragged(data[score_field]),
         advantages=advantages,
         num_turns=None if turns is None else np.asarray(_values(turns), dtype=np.int64).reshape(-1),
@@ -287,16 +305,45 @@ def _v1_capture(
 
     def text_of(position: int) -> RawText:
         row = int(keep[position])
-        truth = (
-            truths[row].get("ground_truth") if truths and isinstance(truths[row], Mapping) else None
-        )
+        truth = truths[row]
+        prompt = prompt_ids[prompt_offsets[row] : prompt_offsets[row + 1]]
+        response = response_ids[response_offsets[row] : response_offsets[row + 1]]
         return RawText(
-            _decode(tokenizer, prompts[row]),
-            _decode(tokenizer, responses[row]),
+            _decode(tokenizer, prompt),
+            _decode(tokenizer, response),
             None if truth is None else str(truth),
         )
 
     link.events.log_sample_columns(columns, identity, text_of, step, "train")
+
+
+def _uid_of(key: str) -> str:
+    """The uid of an ``AgentLoopWorkerTQ`` key, ``{uid}_{session_id}_{index}``."""
+    parts = key.rsplit("_", 2)
+    return parts[0] if len(parts) == 3 else key
+
+
+_PROMPTS = "_rlpulse_prompts"
+"""The trainer's attribute: uid -> (data source, ground truth) of the prompts it fetched."""
+_PROMPTS_KEPT = 1 << 16
+"""Prompts remembered (their samples are captured a step or a few later)."""
+
+
+def _note_prompts(trainer: Any, batch: Any) -> None:
+    """Remember the data source and ground truth of each prompt of a dataloader batch."""
+    present = names_in(batch)
+    if "uid" not in present:
+        return
+    uids = [str(uid) for uid in _values(batch["uid"])]
+    sources = _values(batch["data_source"]) if "data_source" in present else [None] * len(uids)
+    models = _values(batch["reward_model"]) if "reward_model" in present else [None] * len(uids)
+    noted: dict[str, tuple[Any, Any]] = getattr(trainer, _PROMPTS, None) or {}
+    for uid, source, model in zip(uids, sources, models, strict=True):
+        truth = model.get("ground_truth") if isinstance(model, Mapping) else None
+        noted[uid] = (source, truth)
+    while len(noted) > _PROMPTS_KEPT:
+        del noted[next(iter(noted))]
+    setattr(trainer, _PROMPTS, noted)
 
 
 def _values(column: Any) -> list[Any]:
@@ -313,7 +360,7 @@ def _ragged(nested: Any) -> Ragged:
     """A nested (jagged) tensor's values and offsets, as numpy."""
     return (
         nested.values().float().cpu().numpy(),
-        nested.offsets().cpu().numpy().astype(np.int64),
+        nested.offsets().cpu().numpy().astype(np.int64, copy=False),
     )
 
 
@@ -382,8 +429,18 @@ def _install_v1() -> None:
             )
         return result
 
+    fetch_prompts = trainer_base.PPOTrainer._fetch_one_gen_batch
+
+    @functools.wraps(fetch_prompts)
+    def fetch_one_gen_batch(self: Any) -> Any:
+        batch = fetch_prompts(self)
+        if _link(self) is not None:
+            _safely("noting verl's prompts", lambda: _note_prompts(self, batch))
+        return batch
+
     trainer_base.get_metric_data_with_optional_routed_experts = fetched
     trainer_base.PPOTrainer._compute_metrics = compute_metrics
+    trainer_base.PPOTrainer._fetch_one_gen_batch = fetch_one_gen_batch
 
 
 # -- legacy: the step's DataProto ---------------------------------------------------------------

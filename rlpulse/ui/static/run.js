@@ -228,7 +228,11 @@ async function openStep(step) {
     parts.push(el("h3", "Verdicts"));
     parts.push(table(["rule_id", "verdict", "applied_at_step", "decided_at_step", "reason"], s.verdicts, null, (c, r) => fmt(r[c])));
   }
-  for (const part of s.samples || []) parts.push(...sampleParts(part, step));
+  if ((s.samples || []).length) {
+    const box = el("div"); box.id = "step-samples";
+    for (const part of s.samples) box.append(...sampleParts(part, step));
+    parts.push(box);
+  }
   parts.push(el("h3", `Log records (${s.logs.length}; most severe first)`));
   const filters = el("div", null, "controls");
   filters.innerHTML = '<label>level <select id="log-level"><option value="">all</option><option>CRITICAL</option><option>ERROR</option><option>WARNING</option><option>INFO</option><option>DEBUG</option></select></label> <label>rank <input id="log-rank" size="5"></label> <label>text <input id="log-text" size="24"></label>';
