@@ -247,10 +247,9 @@ def _quick(sample: object) -> tuple[Any, ...] | None:
     prompt, response, reward = get("prompt"), get("response"), get("reward")
     if type(prompt) is not str or type(response) is not str:
         return None
-    kind = type(reward)
-    if kind is int:
+    if type(reward) is int:
         reward = float(reward)
-    elif kind is not float:
+    elif type(reward) is not float:
         return None
     prompt_length, response_length = get("prompt_length"), get("response_length")
     if (prompt_length is not None and type(prompt_length) is not int) or (
