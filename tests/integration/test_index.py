@@ -347,6 +347,45 @@ def test_a_document_the_engine_refuses_goes_to_the_dlq_and_the_rest_is_indexed(
     assert "1 refused" in " ".join(indexer.log_text().split())
 
 
+def test_every_response_with_a_phrase_is_found_across_a_run(indexed_run: IndexedRun) -> None:
+    """The chosen samples' texts are indexed: a phrase search finds them, step after step."""
+    run = indexed_run
+    run_id = f"texts-{uuid.uuid4().hex[:8]}"
+    settings = settings_at(run.bootstrap, run.topics)
+    with EventLogger(run_id, settings=settings) as events:
+        for step in range(3):
+            samples: list[dict[str, object]] = [
+                {"prompt": f"q{index}", "response": f"plain answer {index}", "reward": 0.5}
+                for index in range(8)
+            ]
+            samples[2] = {"prompt": "q2", "response": "I think I think I think so", "reward": 1.0}
+            events.log_samples(samples, step)
+        assert events.flush(30) == 0
+    indexer = IndexerProcess(
+        run.bootstrap,
+        run.topics.prefix,
+        run.url,
+        run.work / "indexer-texts.log",
+        {"worker.partitions": 3},
+    )
+    of_run = {"term": {"run_id": run_id}}
+    phrase = {"match_phrase": {"response_head": "I think so"}}
+    with indexer:
+        wait_for(
+            lambda: run.count("sample-texts", {"bool": {"filter": [of_run]}}) > 0,
+            "the chosen samples' texts",
+        )
+        wait_for(
+            lambda: (
+                run.count("sample-texts", {"bool": {"filter": [of_run], "must": [phrase]}}) == 3
+            ),
+            "the response with the phrase at each of the 3 steps",
+        )
+    found = run.search("sample-texts", {"bool": {"filter": [of_run], "must": [phrase]}})
+    assert sorted(hit["step"] for hit in found) == [0, 1, 2]
+    assert all(hit["reward"] == 1.0 and "best" in hit["chosen"] for hit in found)
+
+
 def test_an_indexer_fenced_by_its_instance_id_exits_with_the_reason(
     kafka_bootstrap: str, opensearch_url: str, tmp_path: Path
 ) -> None:

@@ -23,10 +23,13 @@ from typing import Any
 
 import pytest
 
+from rlpulse.archive.catalog import query_archive
+from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.schemas.codec import default_codec
 from rlpulse.schemas.records import LogRecord, TrainerEvent
 from rlpulse.schemas.topics import Topics
 from tests.integration.topic_reader import read_many_until, read_until
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -72,6 +75,27 @@ def test_each_rank_publishes_its_own_trl_metrics_and_logs(
 ) -> None:
     run_id = f"trl-{trainer}-{uuid.uuid4().hex[:8]}"
     train(trainer, kafka_bootstrap, topics, run_id, tmp_path)
+    archive = tmp_path / "archive"
+    archiver = ArchiverProcess(
+        kafka_bootstrap, topics.prefix, archive, tmp_path / "archiver.log",
+        {"archive.roll_s": 1, "archive.audit": "false"},
+    ).start()  # fmt: skip
+    try:
+        wait_for(
+            lambda: _archived_samples(archive, topics, run_id) == RANKS * STEPS * 4,
+            "every rank's samples in the archive",
+            timeout_s=120.0,
+            every_s=0.5,
+        )
+    finally:
+        archiver.stop()
+    audit = subprocess.run(
+        [sys.executable, "-m", "rlpulse", "audit", "--run", run_id, "--archive", str(archive),
+         "--prefix", topics.prefix],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert " 0 lost, 0 duplicates" in " ".join(audit.stdout.split()), audit.stdout
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(RANKS)]
     assert all(report["hooked"] for report in reports)
     assert [report["handlers_left"] for report in reports] == [[]] * RANKS
@@ -214,3 +238,12 @@ def _logged_all(records: list[LogRecord], rank: int) -> bool:
     mine = [r for r in records if r["rank"] == rank]
     unscored = STEPS if rank == 0 else 0
     return sum(map(_unscored, mine)) >= unscored and any(map(_completed, mine))
+
+
+def _archived_samples(root: Path, topics: Topics, run_id: str) -> int:
+    if not root.exists():
+        return -1
+    _, rows = query_archive(
+        str(root), topics, "SELECT count(*) FROM samples WHERE run_id = ?", [run_id]
+    )
+    return int(rows[0][0])

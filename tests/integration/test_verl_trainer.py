@@ -40,6 +40,7 @@ GPU, a tokenizer and model config made on the spot, no weights), the plugin inst
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 import traceback
@@ -54,6 +55,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlpulse.archive.catalog import query_archive
+from rlpulse.local.archiver_process import ArchiverProcess
 from rlpulse.ops.commands import action, operator_command, publish_command
 from rlpulse.producers.integrations import verl as integration
 from rlpulse.schemas.codec import default_codec
@@ -62,6 +65,7 @@ from rlpulse.schemas.topics import Topics
 from tests.integration.test_run_end import run_ends
 from tests.integration.topic_reader import read_many_until, read_until
 from tests.kafka import settings_at
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -589,6 +593,36 @@ def test_v1_captures_each_sample_from_transfer_queue_before_fit_clears_it(
         (0, 1.0, "v0"), (1, 0.0, "v0"), (2, 0.0, "v1"), (3, 1.0, "v1"),
     ]  # fmt: skip
     assert all(s["scores"] == {"acc": s["reward"]} for s in checked)
+    archive = tmp_path / "archive"
+    archiver = ArchiverProcess(
+        kafka_bootstrap, topics.prefix, archive, tmp_path / "archiver.log",
+        {"archive.roll_s": 1, "archive.audit": "false"},
+    ).start()  # fmt: skip
+    try:
+        wait_for(
+            lambda: _archived(archive, topics, run_id) == SAMPLES + 4,
+            "every sample in the archive",
+            timeout_s=120.0,
+            every_s=0.5,
+        )
+    finally:
+        archiver.stop()
+    audit = subprocess.run(
+        [sys.executable, "-m", "rlpulse", "audit", "--run", run_id, "--archive", str(archive),
+         "--prefix", topics.prefix],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert " 0 lost, 0 duplicates" in " ".join(audit.stdout.split()), audit.stdout
+
+
+def _archived(root: Path, topics: Topics, run_id: str) -> int:
+    if not root.exists():
+        return -1
+    _, rows = query_archive(
+        str(root), topics, "SELECT count(*) FROM samples WHERE run_id = ?", [run_id]
+    )
+    return int(rows[0][0])
 
 
 @pytest.mark.broker

@@ -39,11 +39,13 @@ __all__ = [
     "SampleProblem",
     "choose_texts",
     "chosen_texts",
+    "codes",
     "columns_from_mappings",
     "cut",
     "response_identity",
     "step_statistics",
     "text_entry",
+    "text_identity",
     "text_repetition",
     "token_repetition",
 ]
@@ -205,8 +207,8 @@ def columns_from_mappings(
         if count and len(token_ids) == count
         else text_repetition(responses)
     )
-    group_names, group_codes = _codes(groups)
-    source_names, source_codes = _codes(sources)
+    group_names, group_codes = codes(groups)
+    source_names, source_codes = codes(sources)
     columns = SampleColumns(
         reward=np.asarray(rewards, dtype=np.float64),
         prompt_length=np.asarray(prompt_lengths, dtype=np.int64),
@@ -224,10 +226,7 @@ def columns_from_mappings(
         scores=named_columns,
         dropped_scores=dropped,
     )
-    identity = np.asarray(
-        [hash((len(r), r[:64], r[-64:])) for r in responses], dtype=np.int64
-    ) if count else np.zeros(0, dtype=np.int64)  # fmt: skip
-    return columns, texts, identity, problems
+    return columns, texts, text_identity(responses), problems
 
 
 _NAN: Final = math.nan
@@ -361,17 +360,27 @@ def _score_columns(
     return columns, dropped
 
 
-def _codes(values: Sequence[str | None]) -> tuple[list[str], Ints | None]:
-    """Distinct names in first-seen order and each value's code (-1: None); None if all None."""
-    if all(value is None for value in values):
+def codes(values: Sequence[Any] | None) -> tuple[list[str], Ints | None]:
+    """Distinct names (as text) in first-seen order and each value's code (-1: None).
+
+    ``(names, None)`` when every value is None (or there are none): the column is absent.
+    """
+    if values is None or all(value is None for value in values):
         return [], None
     names: dict[str, int] = {}
-    codes = np.fromiter(
-        (-1 if value is None else names.setdefault(value, len(names)) for value in values),
+    found = np.fromiter(
+        (-1 if value is None else names.setdefault(str(value), len(names)) for value in values),
         dtype=np.int64,
         count=len(values),
     )
-    return list(names), codes
+    return list(names), found
+
+
+def text_identity(responses: Sequence[str]) -> Ints:
+    """A number per response that equal responses share, from its text (length, head, tail)."""
+    if not responses:
+        return np.zeros(0, dtype=np.int64)
+    return np.asarray([hash((len(r), r[:64], r[-64:])) for r in responses], dtype=np.int64)
 
 
 def _tails(ids: Sequence[Any]) -> Ints:

@@ -118,6 +118,30 @@ class SampleColumns:
     def __len__(self) -> int:
         return len(self.reward)
 
+    def take(self, keep: Ints) -> SampleColumns:
+        """The samples at the indices ``keep``, in that order (the names stay as they are)."""
+
+        def pick(values: Any) -> Any:
+            return None if values is None else values[keep]
+
+        return SampleColumns(
+            reward=self.reward[keep],
+            prompt_length=self.prompt_length[keep],
+            response_length=self.response_length[keep],
+            truncated=self.truncated[keep],
+            empty=self.empty[keep],
+            repetition=self.repetition[keep],
+            aborted=pick(self.aborted),
+            num_turns=pick(self.num_turns),
+            advantage=pick(self.advantage),
+            groups=self.groups,
+            group=pick(self.group),
+            data_sources=self.data_sources,
+            data_source=pick(self.data_source),
+            scores={name: values[keep] for name, values in self.scores.items()},
+            dropped_scores=self.dropped_scores,
+        )
+
 
 @dataclass
 class TextEntry:

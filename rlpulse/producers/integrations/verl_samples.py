@@ -48,7 +48,9 @@ import numpy as np
 from rlpulse.producers.caller.samples import (
     TOKEN_TAIL,
     RawText,
+    codes,
     response_identity,
+    text_identity,
     text_repetition,
     token_repetition,
 )
@@ -162,8 +164,8 @@ def tensor_samples(
         truncated |= lengths >= max_response_length
     if max_model_length:
         truncated |= prompt_length + lengths >= max_model_length
-    group_names, group_codes = _codes(uids)
-    source_names, source_codes = _codes(data_sources) if data_sources is not None else ([], None)
+    group_names, group_codes = codes(uids)
+    source_names, source_codes = codes(data_sources)
     named, dropped = _extras(extras, count)
     columns = SampleColumns(
         reward=reward,
@@ -183,18 +185,6 @@ def tensor_samples(
         dropped_scores=dropped,
     )
     return columns, response_identity(tails, heads, lengths)
-
-
-def _codes(values: Sequence[Any] | None) -> tuple[list[str], Ints | None]:
-    if values is None or not len(values):
-        return [], None
-    names: dict[str, int] = {}
-    codes = np.fromiter(
-        (-1 if v is None else names.setdefault(str(v), len(names)) for v in values),
-        dtype=np.int64,
-        count=len(values),
-    )
-    return list(names), codes
 
 
 def _extras(
@@ -300,7 +290,7 @@ def _v1_capture(
     )
     keep = np.flatnonzero(real)
     if len(keep) != len(real):
-        columns, identity = _subset(columns, identity, keep)
+        columns, identity = columns.take(keep), identity[keep]
     tokenizer = trainer.tokenizer
 
     def text_of(position: int) -> RawText:
@@ -364,35 +354,9 @@ def _ragged(nested: Any) -> Ragged:
     )
 
 
-def _subset(columns: SampleColumns, identity: Ints, keep: Ints) -> tuple[SampleColumns, Ints]:
-    """The samples at ``keep`` (verl's padding rows left out)."""
-
-    def pick(values: Any) -> Any:
-        return None if values is None else values[keep]
-
-    return (
-        SampleColumns(
-            reward=columns.reward[keep],
-            prompt_length=columns.prompt_length[keep],
-            response_length=columns.response_length[keep],
-            truncated=columns.truncated[keep],
-            empty=columns.empty[keep],
-            repetition=columns.repetition[keep],
-            aborted=pick(columns.aborted),
-            num_turns=pick(columns.num_turns),
-            advantage=pick(columns.advantage),
-            groups=columns.groups,
-            group=pick(columns.group),
-            data_sources=columns.data_sources,
-            data_source=pick(columns.data_source),
-            scores={name: values[keep] for name, values in columns.scores.items()},
-            dropped_scores=columns.dropped_scores,
-        ),
-        identity[keep],
-    )
-
-
-_V1_FIELDS = ("prompts", "responses", "rm_scores", "token_level_scores", "advantages", "num_turns")
+_V1_FIELDS = (
+    "prompts", "responses", "rm_scores", "token_level_scores", "advantages", "num_turns"
+)  # fmt: skip
 """What the v1 capture takes of ``_compute_metrics``' fetch."""
 
 
@@ -558,8 +522,8 @@ def _validation_capture(
         for row in range(count)
     ]
     named, dropped = _extras(extra_rows, count)
-    group_names, group_codes = _codes(list(uids))
-    source_names, source_codes = _codes(list(data_sources))
+    group_names, group_codes = codes(list(uids))
+    source_names, source_codes = codes(list(data_sources))
     response_chars = np.asarray([len(text) for text in outputs], dtype=np.int64)
     flat_turns = None
     if turns is not None and len(turns):
@@ -580,7 +544,7 @@ def _validation_capture(
         scores=named,
         dropped_scores=dropped,
     )
-    identity = np.asarray([hash((len(t), t[:64], t[-64:])) for t in outputs], dtype=np.int64)
+    identity = text_identity(list(outputs))
     step = int(getattr(trainer, "global_steps", 0))
     link.events.log_sample_columns(
         columns, identity, lambda row: RawText(inputs[row], outputs[row]), step, "validation"
